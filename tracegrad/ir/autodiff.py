@@ -1,0 +1,146 @@
+"""Reverse and forward mode as graph-to-graph walks over the rule tables in `rules`.
+
+The walks only emit IR, so differentiating a differentiated graph works like any other."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from . import emit as E
+from .builder import Builder, Traced
+from .core import Graph, Lit, is_float
+from .ops import OPS
+from .rules import JVP, VJP
+
+
+def _differentiable(aval) -> bool:
+    return is_float(aval.dtype)
+
+
+def forward_values(b: Builder, graph: Graph, args: Sequence[Any]) -> dict[int, Traced]:
+    """Inline `graph` into `b`, returning the environment var id -> value (incl. inputs)."""
+    env: dict[int, Traced] = {}
+    for v, a in zip(graph.invars, args):
+        env[v.id] = a if isinstance(a, Traced) else Traced(b, b.atom(a))
+    for v, c in zip(graph.constvars, graph.consts):
+        env[v.id] = Traced(b, b.const(c))
+    for e in graph.eqns:
+        ins = [_read(b, env, a) for a in e.inputs]
+        outs = b.emit(e.op, [t.atom for t in ins], e.params, e.source)
+        for v, o in zip(e.outvars, outs):
+            env[v.id] = Traced(b, o)
+    return env
+
+
+def _read(b: Builder, env: dict[int, Traced], a: Any) -> Traced:
+    return Traced(b, a) if isinstance(a, Lit) else env[a.id]
+
+
+def _reaching(graph: Graph, wrt: Sequence[int]) -> set[int]:
+    """Ids of the vars whose value depends differentiably on the inputs in `wrt`."""
+    live = {graph.invars[i].id for i in wrt if _differentiable(graph.invars[i].aval)}
+    for e in graph.eqns:
+        if e.op == "stop_gradient":
+            continue
+        if any(not isinstance(a, Lit) and a.id in live for a in e.inputs):
+            live.update(v.id for v in e.outvars if _differentiable(v.aval))
+    return live
+
+
+def backward_pass(b: Builder, graph: Graph, args: Sequence[Any], cts: Sequence[Any],
+                  wrt: Sequence[int]) -> tuple[list[Traced], list[Traced]]:
+    """Emit into `b` the forward values of `graph` on `args` and the gradients, w.r.t. the
+    inputs in `wrt`, of <outputs, cts>. Returns (outputs, gradients)."""
+    with b.active():
+        env = forward_values(b, graph, args)
+        outs = [_read(b, env, a) for a in graph.outvars]
+        live = _reaching(graph, wrt)
+        ct: dict[int, Traced] = {}
+
+        def accumulate(var_id: int, g: Traced) -> None:
+            ct[var_id] = g if var_id not in ct else ct[var_id] + g
+
+        for a, g in zip(graph.outvars, cts):
+            if g is not None and not isinstance(a, Lit) and a.id in live:
+                accumulate(a.id, g if isinstance(g, Traced) else Traced(b, b.atom(g)))
+        for e in reversed(graph.eqns):
+            gs = [ct.pop(v.id, None) for v in e.outvars]
+            if all(g is None for g in gs):
+                continue
+            ins = [_read(b, env, a) for a in e.inputs]
+            outs_e = [env[v.id] for v in e.outvars]
+            b.source_override = f"{e.source or '?'} (backward of {e.op})"
+            try:
+                if OPS[e.op].multi_out:
+                    grads = VJP[e.op](gs, *ins, out=outs_e, **e.params)
+                else:
+                    grads = VJP[e.op](gs[0], *ins, out=outs_e[0], **e.params)
+            finally:
+                b.source_override = None
+            for a, g in zip(e.inputs, grads):
+                if g is not None and not isinstance(a, Lit) and a.id in live:
+                    accumulate(a.id, g)
+        grads = []
+        for i in wrt:
+            v = graph.invars[i]
+            g = ct.get(v.id)
+            grads.append(g if g is not None else E.full(v.aval.shape, 0, v.aval.dtype))
+    return outs, grads
+
+
+def vjp_graph(graph: Graph, wrt: Sequence[int] | None = None) -> Graph:
+    """(inputs..., output cotangents...) -> (outputs..., gradients of the `wrt` inputs)."""
+    wrt = range(len(graph.invars)) if wrt is None else wrt
+    b = Builder("vjp")
+    args = [b.new_input(v.aval) for v in graph.invars]
+    cts = [b.new_input(a.aval) for a in graph.outvars]
+    outs, grads = backward_pass(b, graph, args, cts, list(wrt))
+    return b.build(outs + grads)
+
+
+def forward_pass(b: Builder, graph: Graph, args: Sequence[Any],
+                 tangents: Sequence[Any]) -> tuple[list[Traced], list[Traced | None]]:
+    """Emit into `b` the outputs of `graph` and their tangents (None where zero)."""
+    with b.active():
+        env: dict[int, Traced] = {}
+        tan: dict[int, Traced] = {}
+        for v, a, t in zip(graph.invars, args, tangents):
+            env[v.id] = a if isinstance(a, Traced) else Traced(b, b.atom(a))
+            if t is not None and _differentiable(v.aval):
+                tan[v.id] = t if isinstance(t, Traced) else Traced(b, b.atom(t))
+        for v, c in zip(graph.constvars, graph.consts):
+            env[v.id] = Traced(b, b.const(c))
+        for e in graph.eqns:
+            ins = [_read(b, env, a) for a in e.inputs]
+            outs = b.emit(e.op, [t.atom for t in ins], e.params, e.source)
+            for v, o in zip(e.outvars, outs):
+                env[v.id] = Traced(b, o)
+            ts = [None if isinstance(a, Lit) else tan.get(a.id) for a in e.inputs]
+            if all(t is None for t in ts) or e.op == "stop_gradient":
+                continue
+            out_vals = [env[v.id] for v in e.outvars]
+            b.source_override = f"{e.source or '?'} (tangent of {e.op})"
+            try:
+                if OPS[e.op].multi_out:
+                    t_out = JVP[e.op](*ts, *ins, out=out_vals, **e.params)
+                else:
+                    t_out = [JVP[e.op](*ts, *ins, out=out_vals[0], **e.params)]
+            finally:
+                b.source_override = None
+            for v, t in zip(e.outvars, t_out):
+                if t is not None and _differentiable(v.aval):
+                    tan[v.id] = t
+        outs = [_read(b, env, a) for a in graph.outvars]
+        touts = [None if isinstance(a, Lit) else tan.get(a.id) for a in graph.outvars]
+    return outs, touts
+
+
+def jvp_graph(graph: Graph) -> Graph:
+    """(inputs..., tangents...) -> (outputs..., output tangents...)."""
+    b = Builder("jvp")
+    args = [b.new_input(v.aval) for v in graph.invars]
+    tans = [b.new_input(v.aval) for v in graph.invars]
+    outs, touts = forward_pass(b, graph, args, tans)
+    with b.active():
+        touts = [t if t is not None else E.full(o.shape, 0, o.dtype)
+                 for t, o in zip(touts, outs)]
+    return b.build(outs + touts)

@@ -1,0 +1,142 @@
+"""The IR's data types: abstract values, variables, literals, equations and graphs."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+_SHORT = {
+    np.dtype(np.float32): "f32", np.dtype(np.float64): "f64", np.dtype(np.float16): "f16",
+    np.dtype(np.int32): "i32", np.dtype(np.int64): "i64", np.dtype(np.int8): "i8",
+    np.dtype(np.uint8): "u8", np.dtype(np.bool_): "bool",
+}
+
+
+def short_dtype(dtype: np.dtype) -> str:
+    return _SHORT.get(np.dtype(dtype), str(dtype))
+
+
+def is_float(dtype: np.dtype) -> bool:
+    return np.issubdtype(dtype, np.floating)
+
+
+@dataclass(frozen=True, slots=True)
+class Aval:
+    """The abstract value of an array: its shape and dtype."""
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def __str__(self) -> str:
+        return f"{short_dtype(self.dtype)}[{','.join(map(str, self.shape))}]"
+
+
+def aval_of(value: Any) -> Aval:
+    arr = np.asarray(value)
+    return Aval(tuple(arr.shape), arr.dtype)
+
+
+_ids = itertools.count()
+
+
+class Var:
+    """A value in a graph, defined once (by an input binder or an equation)."""
+    __slots__ = ("aval", "id")
+
+    def __init__(self, aval: Aval):
+        self.aval = aval
+        self.id = next(_ids)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.aval.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.aval.dtype
+
+    def __repr__(self) -> str:
+        return f"Var({self.id}:{self.aval})"
+
+
+class Lit:
+    """A scalar constant written inline in an equation, e.g. `2.0:f32[]`."""
+    __slots__ = ("value", "aval")
+
+    def __init__(self, value: Any, dtype: np.dtype):
+        self.value = np.asarray(value, dtype=dtype)
+        self.aval = Aval((), np.dtype(dtype))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return ()
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.aval.dtype
+
+    def key(self) -> tuple:
+        return ("lit", str(self.aval.dtype), self.value.item())
+
+    def __repr__(self) -> str:
+        return f"{self.value.item()!r}:{self.aval}"
+
+
+Atom = Var | Lit
+
+
+@dataclass(slots=True, eq=False)
+class Eqn:
+    """One primitive application: `outvars = op[params] inputs`."""
+    op: str
+    inputs: list[Atom]
+    outvars: list[Var]
+    params: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None   # the user's `file:line` that issued the op
+
+    @property
+    def out(self) -> Var:
+        return self.outvars[0]
+
+
+@dataclass(eq=False)
+class Graph:
+    """A closed computation: inputs, captured constants, equations in order, outputs."""
+    invars: list[Var]
+    eqns: list[Eqn]
+    outvars: list[Atom]
+    constvars: list[Var] = field(default_factory=list)
+    consts: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def in_avals(self) -> list[Aval]:
+        return [v.aval for v in self.invars]
+
+    @property
+    def out_avals(self) -> list[Aval]:
+        return [v.aval for v in self.outvars]
+
+    def __str__(self) -> str:
+        from .printer import format_graph
+        return format_graph(self)
+
+    def pretty(self, source: bool = False) -> str:
+        from .printer import format_graph
+        return format_graph(self, source=source)
+
+    def to_dot(self) -> str:
+        from .printer import graph_to_dot
+        return graph_to_dot(self)
+
+    def structural_hash(self) -> str:
+        from .hashing import structural_hash
+        return structural_hash(self)

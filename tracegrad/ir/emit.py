@@ -1,0 +1,297 @@
+"""The op layer shared by user code and autodiff rules: numpy-style promotion of operands
+(Python scalars are weakly typed), then one `bind` per primitive. Works on Traced values
+(recording IR) and on plain arrays (evaluating the reference)."""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from .builder import Traced, bind
+from .core import is_float
+
+float32 = np.dtype(np.float32)
+_WEAK = (bool, int, float)
+
+
+def dtype_of(x: Any) -> np.dtype:
+    if isinstance(x, Traced):
+        return x.dtype
+    if isinstance(x, bool):
+        return np.dtype(np.bool_)
+    if isinstance(x, int):
+        return np.dtype(np.int64)
+    if isinstance(x, float):
+        return float32
+    return np.asarray(x).dtype
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+    return x.shape if isinstance(x, Traced) else np.shape(x)
+
+
+def result_dtype(*xs: Any) -> np.dtype:
+    strong = [dtype_of(x) for x in xs if not isinstance(x, _WEAK)]
+    weak = [x for x in xs if isinstance(x, _WEAK)]
+    if not strong:
+        if any(isinstance(w, float) for w in weak):
+            return float32
+        if any(not isinstance(w, bool) for w in weak):
+            return np.dtype(np.int64)
+        return np.dtype(np.bool_)
+    d = np.result_type(*strong)
+    if any(isinstance(w, float) for w in weak) and not is_float(d):
+        return float32
+    if any(isinstance(w, int) and not isinstance(w, bool) for w in weak) and d == np.bool_:
+        return np.dtype(np.int64)
+    return d
+
+
+def asdtype(x: Any, dtype: np.dtype) -> Any:
+    """`x` with dtype `dtype`: scalars become literals, others are converted if needed."""
+    dtype = np.dtype(dtype)
+    if isinstance(x, _WEAK):
+        return np.asarray(x, dtype)
+    if isinstance(x, Traced):
+        return x if x.dtype == dtype else bind("convert", x, dtype=dtype)
+    arr = np.asarray(x)
+    if arr.dtype == object:
+        raise TypeError(f"cannot use a value of type {type(x).__name__} as an array")
+    return arr if arr.dtype == dtype else arr.astype(dtype)
+
+
+def promote(*xs: Any) -> list[Any]:
+    d = result_dtype(*xs)
+    return [asdtype(x, d) for x in xs]
+
+
+def to_float(x: Any) -> Any:
+    d = dtype_of(x)
+    return x if is_float(d) and not isinstance(x, _WEAK) else asdtype(x, float32 if not
+                                                                     is_float(d) else d)
+
+
+# ---- elementwise -------------------------------------------------------------------------------
+
+def _unary_float(op: str):
+    def f(x: Any) -> Any:
+        return bind(op, to_float(x))
+    f.__name__ = op
+    return f
+
+
+exp = _unary_float("exp")
+log = _unary_float("log")
+log1p = _unary_float("log1p")
+expm1 = _unary_float("expm1")
+sin = _unary_float("sin")
+cos = _unary_float("cos")
+tan = _unary_float("tan")
+tanh = _unary_float("tanh")
+sigmoid = _unary_float("logistic")
+sqrt = _unary_float("sqrt")
+erf = _unary_float("erf")
+
+
+def neg(x: Any) -> Any:
+    return bind("neg", asdtype(x, dtype_of(x)))
+
+
+def abs(x: Any) -> Any:  # noqa: A001 - numpy's name
+    return bind("abs", asdtype(x, dtype_of(x)))
+
+
+def sign(x: Any) -> Any:
+    return bind("sign", asdtype(x, dtype_of(x)))
+
+
+def logical_not(x: Any) -> Any:
+    return bind("not", asdtype(x, np.bool_))
+
+
+def stop_gradient(x: Any) -> Any:
+    return bind("stop_gradient", asdtype(x, dtype_of(x))) if isinstance(x, Traced) else x
+
+
+def _binary(op: str):
+    def f(x: Any, y: Any) -> Any:
+        return bind(op, *promote(x, y))
+    f.__name__ = op
+    return f
+
+
+add = _binary("add")
+sub = _binary("sub")
+mul = _binary("mul")
+maximum = _binary("max")
+minimum = _binary("min")
+less = _binary("lt")
+less_equal = _binary("le")
+greater = _binary("gt")
+greater_equal = _binary("ge")
+equal = _binary("eq")
+not_equal = _binary("ne")
+floor_divide = _binary("div")
+
+
+def logical_and(x: Any, y: Any) -> Any:
+    return bind("and", asdtype(x, np.bool_), asdtype(y, np.bool_))
+
+
+def logical_or(x: Any, y: Any) -> Any:
+    return bind("or", asdtype(x, np.bool_), asdtype(y, np.bool_))
+
+
+def div(x: Any, y: Any) -> Any:
+    """True division: integer operands divide as float32 (as Python's `/` on ints)."""
+    d = result_dtype(x, y)
+    if not is_float(d):
+        d = float32
+    return bind("div", asdtype(x, d), asdtype(y, d))
+
+
+def pow(x: Any, y: Any) -> Any:  # noqa: A001 - numpy's name
+    return bind("pow", *promote(x, y))
+
+
+def where(c: Any, x: Any, y: Any) -> Any:
+    x, y = promote(x, y)
+    return bind("select", asdtype(c, np.bool_), x, y)
+
+
+def convert(x: Any, dtype: Any) -> Any:
+    return asdtype(x, np.dtype(dtype))
+
+
+# ---- reductions --------------------------------------------------------------------------------
+
+def _reduce(op: str):
+    def f(x: Any, axes: Sequence[int]) -> Any:
+        x = asdtype(x, dtype_of(x))
+        axes = tuple(sorted(axes))
+        if not axes:
+            return x
+        return bind(op, x, axes=axes)
+    f.__name__ = op
+    return f
+
+
+reduce_sum = _reduce("reduce_sum")
+reduce_max = _reduce("reduce_max")
+reduce_min = _reduce("reduce_min")
+reduce_prod = _reduce("reduce_prod")
+
+
+def argmax(x: Any, axis: int) -> Any:
+    return bind("argmax", asdtype(x, dtype_of(x)), axis=axis)
+
+
+def argmin(x: Any, axis: int) -> Any:
+    return bind("argmin", asdtype(x, dtype_of(x)), axis=axis)
+
+
+# ---- shapes ------------------------------------------------------------------------------------
+
+def reshape(x: Any, shape: Sequence[int]) -> Any:
+    x = asdtype(x, dtype_of(x))
+    shape = tuple(int(d) for d in shape)
+    if tuple(shape_of(x)) == shape:
+        return x
+    return bind("reshape", x, shape=shape)
+
+
+def broadcast_to(x: Any, shape: Sequence[int]) -> Any:
+    x = asdtype(x, dtype_of(x))
+    shape = tuple(int(d) for d in shape)
+    if tuple(shape_of(x)) == shape:
+        return x
+    return bind("broadcast", x, shape=shape)
+
+
+def transpose(x: Any, perm: Sequence[int]) -> Any:
+    x = asdtype(x, dtype_of(x))
+    perm = tuple(int(p) for p in perm)
+    if perm == tuple(range(len(perm))):
+        return x
+    return bind("transpose", x, perm=perm)
+
+
+def slice_(x: Any, index: Sequence[tuple[int, int, int]]) -> Any:
+    return bind("slice", asdtype(x, dtype_of(x)), index=tuple(tuple(s) for s in index))
+
+
+def pad_slice(g: Any, shape: Sequence[int], index: Sequence[tuple[int, int, int]]) -> Any:
+    return bind("pad_slice", asdtype(g, dtype_of(g)), shape=tuple(shape),
+                index=tuple(tuple(s) for s in index))
+
+
+def concatenate(xs: Sequence[Any], axis: int) -> Any:
+    xs = promote(*xs)
+    if len(xs) == 1:
+        return xs[0]
+    return bind("concatenate", *xs, axis=axis)
+
+
+def take(x: Any, idx: Any, axis: int) -> Any:
+    idx = asdtype(idx, dtype_of(idx)) if not isinstance(idx, (int, list)) else np.asarray(idx)
+    return bind("take", asdtype(x, dtype_of(x)), idx, axis=axis)
+
+
+def scatter_add(g: Any, idx: Any, axis: int, size: int) -> Any:
+    return bind("scatter_add", g, idx, axis=axis, size=size)
+
+
+def matmul(a: Any, b: Any) -> Any:
+    return bind("matmul", *promote(a, b))
+
+
+def iota(shape: Sequence[int], dimension: int, dtype: Any) -> Any:
+    return bind("iota", shape=tuple(shape), dimension=dimension, dtype=np.dtype(dtype))
+
+
+def full(shape: Sequence[int], value: Any, dtype: Any) -> Any:
+    return bind("full", shape=tuple(int(d) for d in shape), value=value, dtype=np.dtype(dtype))
+
+
+def zeros_like(x: Any) -> Any:
+    return full(shape_of(x), 0, dtype_of(x))
+
+
+def unbroadcast(g: Any, shape: Sequence[int]) -> Any:
+    """Sum `g` down to `shape`, undoing numpy broadcasting (the gradient of a broadcast)."""
+    shape = tuple(shape)
+    gshape = shape_of(g)
+    if tuple(gshape) == shape:
+        return g
+    lead = len(gshape) - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        i + lead for i, d in enumerate(shape) if d == 1 and gshape[i + lead] != 1)
+    return reshape(reduce_sum(g, axes), shape)
+
+
+def size_of(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+# ---- operators on Traced values ----------------------------------------------------------------
+
+def _swap(fn):
+    return lambda self, other: fn(other, self)
+
+
+for _name, _fn in {"add": add, "sub": sub, "mul": mul, "truediv": div, "pow": pow,
+                   "matmul": matmul, "floordiv": floor_divide}.items():
+    setattr(Traced, f"__{_name}__", _fn)
+    setattr(Traced, f"__r{_name}__", _swap(_fn))
+for _name, _fn in {"lt": less, "le": less_equal, "gt": greater, "ge": greater_equal,
+                   "eq": equal, "ne": not_equal, "and": logical_and,
+                   "or": logical_or}.items():
+    setattr(Traced, f"__{_name}__", _fn)
+Traced.__rand__ = _swap(logical_and)
+Traced.__ror__ = _swap(logical_or)
+Traced.__neg__ = neg
+Traced.__pos__ = lambda self: self
+Traced.__abs__ = abs
+Traced.__invert__ = logical_not
+Traced.__hash__ = lambda self: id(self)

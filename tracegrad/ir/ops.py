@@ -1,0 +1,401 @@
+"""The primitive table: for every op, its kind, its shape/dtype rule and its numpy reference."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .core import Aval, is_float
+
+
+class ShapeError(ValueError):
+    """An op was given operands whose shapes do not fit together."""
+
+
+class DTypeError(TypeError):
+    """An op was given operands of a dtype it does not accept."""
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    kind: str                  # unary binary select compare reduce index shape matmul create misc
+    rule: Callable[..., Any]   # (*avals, **params) -> Aval | list[Aval]
+    ref: Callable[..., Any]    # (*arrays, **params) -> array | tuple of arrays
+    multi_out: bool = False
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def _def(name: str, kind: str, rule: Callable, ref: Callable, multi_out: bool = False) -> None:
+    OPS[name] = OpDef(name, kind, rule, ref, multi_out)
+
+
+# ---- shape rules -----------------------------------------------------------------------------
+
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ShapeError(
+            "operands could not be broadcast together with shapes "
+            + " ".join(str(tuple(s)) for s in shapes)) from None
+
+
+def _same_dtype(*avals: Aval) -> np.dtype:
+    dtypes = {a.dtype for a in avals}
+    if len(dtypes) != 1:
+        raise DTypeError("operands have different dtypes " + ", ".join(
+            str(a.dtype) for a in avals) + " (cast one with tg.astype)")
+    return avals[0].dtype
+
+
+def _float_unary(x: Aval) -> Aval:
+    if not is_float(x.dtype):
+        raise DTypeError(f"needs a floating point operand, got {x.dtype}")
+    return x
+
+
+def _unary(x: Aval) -> Aval:
+    return x
+
+
+def _numeric_unary(x: Aval) -> Aval:
+    if x.dtype == np.bool_:
+        raise DTypeError("does not accept bool operands")
+    return x
+
+
+def _binary(x: Aval, y: Aval) -> Aval:
+    return Aval(broadcast_shapes(x.shape, y.shape), _same_dtype(x, y))
+
+
+def _numeric_binary(x: Aval, y: Aval) -> Aval:
+    out = _binary(x, y)
+    if out.dtype == np.bool_:
+        raise DTypeError("does not accept bool operands")
+    return out
+
+
+def _compare(x: Aval, y: Aval) -> Aval:
+    return Aval(broadcast_shapes(x.shape, y.shape), np.dtype(np.bool_))
+
+
+def _logical(x: Aval, y: Aval) -> Aval:
+    if x.dtype != np.bool_ or y.dtype != np.bool_:
+        raise DTypeError(f"needs bool operands, got {x.dtype} and {y.dtype}")
+    return _compare(x, y)
+
+
+def _select(c: Aval, x: Aval, y: Aval) -> Aval:
+    if c.dtype != np.bool_:
+        raise DTypeError(f"condition must be bool, got {c.dtype}")
+    return Aval(broadcast_shapes(c.shape, x.shape, y.shape), _same_dtype(x, y))
+
+
+def _check_axes(x: Aval, axes: tuple[int, ...]) -> None:
+    if len(set(axes)) != len(axes) or any(not 0 <= a < x.ndim for a in axes):
+        raise ShapeError(f"axes {axes} out of range for shape {x.shape}")
+
+
+def _reduce(x: Aval, *, axes: tuple[int, ...]) -> Aval:
+    _check_axes(x, axes)
+    for a in axes:
+        if x.shape[a] == 0:
+            raise ShapeError(f"zero-size axis {a} of shape {x.shape} has no identity")
+    return Aval(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)
+
+
+def _reduce_sum(x: Aval, *, axes: tuple[int, ...]) -> Aval:
+    _check_axes(x, axes)
+    return Aval(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)
+
+
+def _argreduce(x: Aval, *, axis: int) -> Aval:
+    _reduce(x, axes=(axis,))
+    return Aval(tuple(d for i, d in enumerate(x.shape) if i != axis), np.dtype(np.int64))
+
+
+def _reshape(x: Aval, *, shape: tuple[int, ...]) -> Aval:
+    if math.prod(shape) != x.size or any(d < 0 for d in shape):
+        raise ShapeError(f"cannot reshape array of shape {x.shape} into shape {shape}")
+    return Aval(tuple(shape), x.dtype)
+
+
+def _broadcast(x: Aval, *, shape: tuple[int, ...]) -> Aval:
+    if broadcast_shapes(x.shape, shape) != tuple(shape):
+        raise ShapeError(f"cannot broadcast shape {x.shape} to {tuple(shape)}")
+    return Aval(tuple(shape), x.dtype)
+
+
+def _transpose(x: Aval, *, perm: tuple[int, ...]) -> Aval:
+    if sorted(perm) != list(range(x.ndim)):
+        raise ShapeError(f"perm {perm} is not a permutation of the axes of shape {x.shape}")
+    return Aval(tuple(x.shape[p] for p in perm), x.dtype)
+
+
+def slice_shape(shape: tuple[int, ...], index: tuple[tuple[int, int, int], ...]) -> tuple:
+    if len(index) != len(shape):
+        raise ShapeError(f"slice index {index} does not match shape {shape}")
+    return tuple(len(range(*s)) for s in index)
+
+
+def _slice(x: Aval, *, index: tuple) -> Aval:
+    return Aval(slice_shape(x.shape, index), x.dtype)
+
+
+def _pad_slice(g: Aval, *, shape: tuple[int, ...], index: tuple) -> Aval:
+    if slice_shape(shape, index) != g.shape:
+        raise ShapeError(f"operand {g.shape} does not fill slice {index} of shape {shape}")
+    return Aval(tuple(shape), g.dtype)
+
+
+def _concatenate(*xs: Aval, axis: int) -> Aval:
+    if not xs:
+        raise ShapeError("needs at least one operand")
+    dtype = _same_dtype(*xs)
+    first = xs[0].shape
+    if not 0 <= axis < len(first):
+        raise ShapeError(f"axis {axis} out of range for shape {first}")
+    for x in xs:
+        if len(x.shape) != len(first) or any(
+                a != b for i, (a, b) in enumerate(zip(x.shape, first)) if i != axis):
+            raise ShapeError("shapes " + " ".join(str(x.shape) for x in xs)
+                             + f" differ outside axis {axis}")
+    size = sum(x.shape[axis] for x in xs)
+    return Aval(first[:axis] + (size,) + first[axis + 1:], dtype)
+
+
+def _take(x: Aval, idx: Aval, *, axis: int) -> Aval:
+    if not np.issubdtype(idx.dtype, np.integer):
+        raise DTypeError(f"indices must be integers, got {idx.dtype}")
+    if not 0 <= axis < x.ndim:
+        raise ShapeError(f"axis {axis} out of range for shape {x.shape}")
+    return Aval(x.shape[:axis] + idx.shape + x.shape[axis + 1:], x.dtype)
+
+
+def _scatter_add(g: Aval, idx: Aval, *, axis: int, size: int) -> Aval:
+    if not np.issubdtype(idx.dtype, np.integer):
+        raise DTypeError(f"indices must be integers, got {idx.dtype}")
+    k = idx.ndim
+    if g.shape[axis:axis + k] != idx.shape:
+        raise ShapeError(f"updates {g.shape} do not match indices {idx.shape} at axis {axis}")
+    return Aval(g.shape[:axis] + (size,) + g.shape[axis + k:], g.dtype)
+
+
+def _matmul(a: Aval, b: Aval) -> Aval:
+    dtype = _same_dtype(a, b)
+    if dtype == np.bool_:
+        raise DTypeError("does not accept bool operands")
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError(f"operands must be at least 1-d, got shapes {a.shape} and {b.shape}")
+    ka = a.shape[-1]
+    kb = b.shape[0] if b.ndim == 1 else b.shape[-2]
+    if ka != kb:
+        raise ShapeError(f"contracting dimensions differ: {a.shape} @ {b.shape} ({ka} != {kb})")
+    if a.ndim > 2 or b.ndim > 2:
+        if a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2]:
+            raise ShapeError(f"batch dimensions differ: {a.shape} @ {b.shape}")
+    shape = a.shape[:-1] + (b.shape[-1:] if b.ndim >= 2 else ())
+    if a.ndim == 1 and b.ndim >= 2:
+        shape = b.shape[:-2] + b.shape[-1:]
+    return Aval(tuple(shape), dtype)
+
+
+def _convert(x: Aval, *, dtype: np.dtype) -> Aval:
+    return Aval(x.shape, np.dtype(dtype))
+
+
+def _iota(*, shape: tuple[int, ...], dimension: int, dtype: np.dtype) -> Aval:
+    if not 0 <= dimension < len(shape):
+        raise ShapeError(f"dimension {dimension} out of range for shape {shape}")
+    return Aval(tuple(shape), np.dtype(dtype))
+
+
+def _full(*, shape: tuple[int, ...], value: Any, dtype: np.dtype) -> Aval:
+    return Aval(tuple(shape), np.dtype(dtype))
+
+
+def _custom_vjp_call(*avals: Aval, n_args: int, n_res: int, bwd: Any) -> list[Aval]:
+    return list(avals[n_args + n_res:])
+
+
+def _random(seed: Aval, *, shape: tuple[int, ...], dist: str, dtype: np.dtype) -> Aval:
+    if seed.shape != () or seed.dtype != np.int64:
+        raise DTypeError(f"seed must be an int64 scalar, got {seed}")
+    if dist not in ("uniform", "normal") or not is_float(np.dtype(dtype)):
+        raise DTypeError(f"unknown distribution {dist!r} or non-float dtype {dtype}")
+    return Aval(tuple(shape), np.dtype(dtype))
+
+
+# ---- numpy references ------------------------------------------------------------------------
+
+def _np_unary(fn: Callable) -> Callable:
+    def ref(x):
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(x)).astype(x.dtype, copy=False)
+    return ref
+
+
+def _np_binary(fn: Callable) -> Callable:
+    def ref(x, y):
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(x, y)).astype(np.result_type(x, y), copy=False)
+    return ref
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    from math import erf
+    return np.vectorize(erf, otypes=[np.float64])(x)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    # exp of a non-positive number never overflows
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def _maximum(x, y):
+    return np.maximum(x, y)
+
+
+def _div(x, y):
+    if np.issubdtype(np.result_type(x, y), np.integer):
+        return np.floor_divide(x, np.where(y == 0, 1, y))
+    return np.divide(x, y)
+
+
+def _pow(x, y):
+    if np.issubdtype(np.result_type(x, y), np.integer):
+        return np.power(x, np.maximum(y, 0))
+    return np.power(x, y)
+
+
+def _ref_reduce(fn: Callable) -> Callable:
+    def ref(x, *, axes):
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(x, axis=tuple(axes))).astype(x.dtype, copy=False)
+    return ref
+
+
+def _ref_slice(x, *, index):
+    return x[tuple(slice(*s) for s in index)]
+
+
+def _ref_pad_slice(g, *, shape, index):
+    out = np.zeros(shape, g.dtype)
+    out[tuple(slice(*s) for s in index)] = g
+    return out
+
+
+def _ref_take(x, idx, *, axis):
+    n = x.shape[axis]
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise IndexError(f"take: index out of bounds for axis {axis} with size {n}")
+    return np.take(x, idx, axis=axis)
+
+
+def _ref_scatter_add(g, idx, *, axis, size):
+    shape = g.shape[:axis] + (size,) + g.shape[axis + idx.ndim:]
+    out = np.zeros(shape, g.dtype)
+    moved = np.moveaxis(out, axis, 0)
+    gm = np.moveaxis(g.reshape(g.shape[:axis] + (-1,) + g.shape[axis + idx.ndim:]), axis, 0)
+    np.add.at(moved, idx.reshape(-1), gm)
+    return out
+
+
+def _ref_matmul(a, b):
+    return np.matmul(a, b)
+
+
+def _ref_iota(*, shape, dimension, dtype):
+    r = np.arange(shape[dimension], dtype=dtype)
+    r = r.reshape((-1,) + (1,) * (len(shape) - dimension - 1))
+    return np.ascontiguousarray(np.broadcast_to(r, shape))
+
+
+def _ref_custom_vjp_call(*xs, n_args, n_res, bwd):
+    return tuple(xs[n_args + n_res:])
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """The counter-based hash behind `random`: element i of a draw is a pure function of
+    (seed, i), so the compiled kernels reproduce the reference bit for bit."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def uniform_bits(seed: np.ndarray, n: int, stream: int) -> np.ndarray:
+    """Uniform floats in [0, 1) with 24 random bits: exact in float32 and float64."""
+    with np.errstate(over="ignore"):
+        base = np.uint64(np.int64(seed)) * np.uint64(0xD1B54A32D192ED03)
+        ctr = np.arange(n, dtype=np.uint64) * np.uint64(2) + np.uint64(stream)
+        h = splitmix64(ctr + base)
+    return (h >> np.uint64(40)).astype(np.float64) * 2.0 ** -24
+
+
+def _ref_random(seed, *, shape, dist, dtype):
+    n = math.prod(shape)
+    u = uniform_bits(seed, n, 0)
+    if dist == "normal":   # Box-Muller on two independent streams
+        u2 = uniform_bits(seed, n, 1)
+        u = np.sqrt(-2.0 * np.log1p(-u)) * np.cos(2 * np.pi * u2)
+    return u.reshape(shape).astype(dtype)
+
+
+UNARY_FLOAT = {
+    "exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "sin": np.sin,
+    "cos": np.cos, "tan": np.tan, "tanh": np.tanh, "logistic": _sigmoid, "sqrt": np.sqrt,
+    "erf": _erf,
+}
+for _name, _fn in UNARY_FLOAT.items():
+    _def(_name, "unary", _float_unary, _np_unary(_fn))
+_def("neg", "unary", _numeric_unary, _np_unary(np.negative))
+_def("abs", "unary", _numeric_unary, _np_unary(np.abs))
+_def("sign", "unary", _numeric_unary, _np_unary(np.sign))
+_def("not", "unary", _unary, _np_unary(np.logical_not))
+_def("stop_gradient", "unary", _unary, lambda x: x)
+
+BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": _div, "pow": _pow,
+          "max": _maximum, "min": np.minimum}
+for _name, _fn in BINARY.items():
+    _def(_name, "binary", _binary if _name in ("max", "min", "add", "mul")
+         else _numeric_binary, _np_binary(_fn))
+
+COMPARE = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+           "eq": np.equal, "ne": np.not_equal}
+for _name, _fn in COMPARE.items():
+    _def(_name, "compare", _compare, _fn)
+_def("and", "compare", _logical, np.logical_and)
+_def("or", "compare", _logical, np.logical_or)
+
+_def("select", "select", _select, lambda c, x, y: np.where(c, x, y))
+_def("convert", "unary", _convert, lambda x, *, dtype: x.astype(dtype))
+
+_def("reduce_sum", "reduce", _reduce_sum, _ref_reduce(np.sum))
+_def("reduce_max", "reduce", _reduce, _ref_reduce(np.max))
+_def("reduce_min", "reduce", _reduce, _ref_reduce(np.min))
+_def("reduce_prod", "reduce", _reduce_sum, _ref_reduce(np.prod))
+_def("argmax", "reduce", _argreduce, lambda x, *, axis: np.argmax(x, axis=axis))
+_def("argmin", "reduce", _argreduce, lambda x, *, axis: np.argmin(x, axis=axis))
+
+_def("reshape", "shape", _reshape, lambda x, *, shape: np.reshape(x, shape))
+_def("broadcast", "shape", _broadcast,
+     lambda x, *, shape: np.ascontiguousarray(np.broadcast_to(x, shape)))
+_def("transpose", "shape", _transpose, lambda x, *, perm: np.transpose(x, perm))
+_def("slice", "shape", _slice, _ref_slice)
+_def("pad_slice", "shape", _pad_slice, _ref_pad_slice)
+_def("concatenate", "shape", _concatenate, lambda *xs, axis: np.concatenate(xs, axis))
+_def("take", "index", _take, _ref_take)
+_def("scatter_add", "index", _scatter_add, _ref_scatter_add)
+_def("matmul", "matmul", _matmul, _ref_matmul)
+_def("iota", "create", _iota, _ref_iota)
+_def("full", "create", _full, lambda *, shape, value, dtype: np.full(shape, value, dtype))
+_def("random", "create", _random, _ref_random)
+_def("custom_vjp_call", "misc", _custom_vjp_call, _ref_custom_vjp_call, multi_out=True)

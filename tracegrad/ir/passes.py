@@ -1,0 +1,160 @@
+"""Graph-to-graph optimisations: trivial algebra, constant folding, CSE and DCE.
+
+Each pass is linear in the number of equations and returns a new Graph (sharing Vars)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .core import Atom, Eqn, Graph, Lit, Var
+from .ops import OPS
+
+_NO_FOLD = {"random", "custom_vjp_call", "stop_gradient"}
+
+
+def _substituted(graph: Graph, eqns: list[Eqn], subst: dict[int, Atom]) -> Graph:
+    def read(a: Atom) -> Atom:
+        while isinstance(a, Var) and a.id in subst:
+            a = subst[a.id]
+        return a
+
+    for e in eqns:
+        e.inputs = [read(a) for a in e.inputs]
+    return Graph(graph.invars, eqns, [read(a) for a in graph.outvars],
+                 graph.constvars, graph.consts)
+
+
+def _copy(e: Eqn) -> Eqn:
+    return Eqn(e.op, list(e.inputs), e.outvars, e.params, e.source)
+
+
+def dce(graph: Graph) -> Graph:
+    """Drop equations (and constants) whose results no output needs."""
+    used = {a.id for a in graph.outvars if isinstance(a, Var)}
+    kept = []
+    for e in reversed(graph.eqns):
+        if any(v.id in used for v in e.outvars):
+            kept.append(e)
+            used.update(a.id for a in e.inputs if isinstance(a, Var))
+    kept.reverse()
+    pairs = [(v, c) for v, c in zip(graph.constvars, graph.consts) if v.id in used]
+    return Graph(graph.invars, kept, list(graph.outvars),
+                 [v for v, _ in pairs], [c for _, c in pairs])
+
+
+def _freeze(x: Any) -> Any:
+    if isinstance(x, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in x.items()))
+    if isinstance(x, (list, tuple)):
+        return tuple(_freeze(v) for v in x)
+    if isinstance(x, np.dtype):
+        return str(x)
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return id(x)
+
+
+def _atom_key(a: Atom) -> Any:
+    return a.key() if isinstance(a, Lit) else a.id
+
+
+def cse(graph: Graph) -> Graph:
+    """Merge equations that apply the same op with the same params to the same inputs."""
+    seen: dict[Any, list[Var]] = {}
+    subst: dict[int, Atom] = {}
+    eqns = []
+    for e in graph.eqns:
+        e = _copy(e)
+        e.inputs = [subst.get(a.id, a) if isinstance(a, Var) else a for a in e.inputs]
+        key = (e.op, tuple(_atom_key(a) for a in e.inputs), _freeze(e.params))
+        hit = seen.get(key)
+        if hit is not None:
+            for v, w in zip(e.outvars, hit):
+                subst[v.id] = w
+            continue
+        seen[key] = e.outvars
+        eqns.append(e)
+    return _substituted(graph, eqns, subst)
+
+
+def fold_constants(graph: Graph) -> Graph:
+    """Evaluate equations on literal inputs whose result is a scalar, writing a literal."""
+    subst: dict[int, Atom] = {}
+    eqns = []
+    for e in graph.eqns:
+        e = _copy(e)
+        e.inputs = [subst.get(a.id, a) if isinstance(a, Var) else a for a in e.inputs]
+        out = e.outvars[0]
+        if (e.op not in _NO_FOLD and len(e.outvars) == 1 and out.aval.shape == ()
+                and all(isinstance(a, Lit) for a in e.inputs)):
+            value = OPS[e.op].ref(*[a.value for a in e.inputs], **e.params)
+            subst[out.id] = Lit(np.asarray(value, out.aval.dtype), out.aval.dtype)
+            continue
+        eqns.append(e)
+    return _substituted(graph, eqns, subst)
+
+
+def _is_lit(a: Atom, value: float) -> bool:
+    return isinstance(a, Lit) and a.value.item() == value
+
+
+def _identity_input(e: Eqn, producers: dict[int, Eqn]) -> Atom | None:
+    """The atom equal to `e`'s output when `e` is a no-op (x*1, x+0, same-shape reshape...)."""
+    out = e.out
+    ins = e.inputs
+    same = [a for a in ins if a.aval == out.aval]
+    if e.op in ("reshape", "broadcast", "convert", "stop_gradient_") and ins[0].aval == out.aval:
+        return ins[0]
+    if e.op == "transpose" and e.params["perm"] == tuple(range(len(out.aval.shape))):
+        return ins[0]
+    if e.op in ("mul", "add") and len(same):
+        unit = 1 if e.op == "mul" else 0
+        for a, b in ((ins[0], ins[1]), (ins[1], ins[0])):
+            if _is_lit(b, unit) and a.aval == out.aval:
+                return a
+    if e.op in ("div", "pow") and _is_lit(ins[1], 1) and ins[0].aval == out.aval:
+        return ins[0]
+    if e.op == "sub" and _is_lit(ins[1], 0) and ins[0].aval == out.aval:
+        return ins[0]
+    if e.op == "neg" and isinstance(ins[0], Var):
+        inner = producers.get(ins[0].id)
+        if inner is not None and inner.op == "neg":
+            return inner.inputs[0]
+    return None
+
+
+def simplify(graph: Graph) -> Graph:
+    """Trivial algebra: x*1, x+0, x-0, x/1, x**1, --x, reshape/broadcast/convert to the same
+    type and identity transposes become x; reshape of reshape reads the original."""
+    subst: dict[int, Atom] = {}
+    producers: dict[int, Eqn] = {}
+    eqns = []
+    for e in graph.eqns:
+        e = _copy(e)
+        e.inputs = [subst.get(a.id, a) if isinstance(a, Var) else a for a in e.inputs]
+        if len(e.outvars) == 1:
+            same = _identity_input(e, producers)
+            if same is not None:
+                subst[e.out.id] = same
+                continue
+            if e.op == "reshape" and isinstance(e.inputs[0], Var):
+                inner = producers.get(e.inputs[0].id)
+                if inner is not None and inner.op == "reshape":
+                    e.inputs = [inner.inputs[0]]
+        for v in e.outvars:
+            producers[v.id] = e
+        eqns.append(e)
+    return _substituted(graph, eqns, subst)
+
+
+def optimize(graph: Graph) -> Graph:
+    """The standard pipeline; each pass is linear, the whole is run twice at most."""
+    for _ in range(2):
+        n = len(graph.eqns)
+        graph = dce(cse(fold_constants(simplify(graph))))
+        if len(graph.eqns) == n:
+            break
+    return graph

@@ -1,0 +1,278 @@
+"""Derivative rules, one table per interpretation: VJP[op] and JVP[op] emit IR.
+
+VJP rules take the output cotangent `g`, the inputs and `out=`, and return one gradient per
+input (None for no gradient). JVP rules take the input tangents (None for zero), the inputs
+and `out=`, and return the output tangent. Unary ops share one derivative table.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from . import emit as E
+from .core import is_float
+
+Rule = Callable[..., Any]
+VJP: dict[str, Rule] = {}
+JVP: dict[str, Rule] = {}
+NO_GRAD = {"sign", "not", "stop_gradient", "lt", "le", "gt", "ge", "eq", "ne", "and", "or",
+           "argmax", "argmin", "iota", "full", "random"}
+
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+# d out / d x for the smooth unary ops, in terms of the input and the output
+DERIV: dict[str, Callable[[Any, Any], Any]] = {
+    "exp": lambda x, out: out,
+    "log": lambda x, out: 1.0 / x,
+    "log1p": lambda x, out: 1.0 / (1.0 + x),
+    "expm1": lambda x, out: out + 1.0,
+    "sin": lambda x, out: E.cos(x),
+    "cos": lambda x, out: -E.sin(x),
+    "tan": lambda x, out: 1.0 + out * out,
+    "tanh": lambda x, out: 1.0 - out * out,
+    "logistic": lambda x, out: out * (1.0 - out),
+    "sqrt": lambda x, out: 0.5 / out,
+    "erf": lambda x, out: _TWO_OVER_SQRT_PI * E.exp(-(x * x)),
+    "abs": lambda x, out: E.sign(x),
+}
+for _op, _d in DERIV.items():
+    VJP[_op] = lambda g, x, out, _d=_d: (g * _d(x, out),)
+    JVP[_op] = lambda t, x, out, _d=_d: t * _d(x, out)
+
+for _op in NO_GRAD:
+    VJP[_op] = lambda g, *xs, out, **p: (None,) * len(xs)
+    JVP[_op] = lambda *a, **p: None
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+def _ub(g: Any, x: Any) -> Any:
+    return None if g is None else E.unbroadcast(g, x.shape)
+
+
+def _zeros(t: Any, like: Any) -> Any:
+    return t if t is not None else E.zeros_like(like)
+
+
+def _tangent(t: Any, shape: tuple) -> Any:
+    return None if t is None else E.broadcast_to(t, shape)
+
+
+def _max_mask(g: Any, x: Any, y: Any) -> tuple[Any, Any]:
+    """Split `g` between maximum's operands: all to the larger one, half each on a tie."""
+    half = g * 0.5
+    return E.where(E.greater(x, y), g, E.where(E.equal(x, y), half, 0.0)), \
+        E.where(E.less(x, y), g, E.where(E.equal(x, y), half, 0.0))
+
+
+def _min_mask(g: Any, x: Any, y: Any) -> tuple[Any, Any]:
+    gy, gx = _max_mask(g, y, x)
+    return gx, gy
+
+
+def _pow_dy(x: Any, out: Any) -> Any:
+    positive = E.greater(x, 0.0)
+    return out * E.where(positive, E.log(E.where(positive, x, 1.0)), 0.0)
+
+
+def _kept(g: Any, x: Any, axes: tuple[int, ...]) -> Any:
+    """Broadcast a reduction's cotangent back over the reduced axes."""
+    if tuple(axes) == tuple(range(len(axes))):   # leading axes: numpy broadcasting adds them
+        return E.broadcast_to(g, x.shape)
+    shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    return E.broadcast_to(E.reshape(g, shape), x.shape)
+
+
+def _extreme_weights(x: Any, out: Any, axes: tuple[int, ...]) -> Any:
+    """1/count on the elements equal to the max (or min), 0 elsewhere: ties split evenly."""
+    hit = E.convert(E.equal(x, _kept(out, x, axes)), x.dtype)
+    return hit / _kept(E.reduce_sum(hit, axes), x, axes)
+
+
+def _prod_partials(x: Any, out: Any, axes: tuple[int, ...]) -> Any:
+    """d prod / d x_i: the product of the other elements, exact when some x are zero."""
+    is_zero = E.equal(x, 0.0)
+    nonzero_prod = _kept(E.reduce_prod(E.where(is_zero, 1.0, x), axes), x, axes)
+    zeros = _kept(E.reduce_sum(E.convert(is_zero, x.dtype), axes), x, axes)
+    at_zero = E.where(E.equal(zeros, 1.0), nonzero_prod, 0.0)
+    return E.where(is_zero, at_zero, _kept(out, x, axes) / E.where(is_zero, 1.0, x))
+
+
+def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
+
+
+def _concat_vjp(g: Any, *xs: Any, out: Any, axis: int) -> tuple:
+    grads, start = [], 0
+    for x in xs:
+        index = [(0, d, 1) for d in g.shape]
+        index[axis] = (start, start + x.shape[axis], 1)
+        grads.append(E.slice_(g, index))
+        start += x.shape[axis]
+    return tuple(grads)
+
+
+def _as_matrix(a: Any, b: Any, g: Any) -> tuple[Any, Any, Any]:
+    """Promote matmul's 1-d operands to matrices, as numpy does."""
+    a2 = E.reshape(a, (1,) + a.shape) if a.ndim == 1 else a
+    b2 = E.reshape(b, b.shape + (1,)) if b.ndim == 1 else b
+    g_shape = a2.shape[:-1] + b2.shape[-1:]
+    if b2.ndim > 2 and a2.ndim == 2:
+        g_shape = b2.shape[:-2] + g_shape
+    return a2, b2, E.reshape(g, g_shape)
+
+
+def _mT(x: Any) -> Any:
+    perm = tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2)
+    return E.transpose(x, perm)
+
+
+def _matmul_vjp(g: Any, a: Any, b: Any, out: Any) -> tuple:
+    a2, b2, g2 = _as_matrix(a, b, g)
+    ga = E.matmul(g2, _mT(b2))
+    gb = E.matmul(_mT(a2), g2)
+    if ga.ndim > a.ndim + (a.ndim == 1):
+        ga = E.reduce_sum(ga, tuple(range(ga.ndim - 2)))
+    return E.reshape(ga, a.shape), E.reshape(gb, b.shape)
+
+
+def _custom_vjp(gs: list, *xs: Any, out: Any, n_args: int, n_res: int, bwd: Any) -> tuple:
+    res = xs[n_args:n_args + n_res]
+    outs = xs[n_args + n_res:]
+    gs = [E.zeros_like(o) if g is None else g for g, o in zip(gs, outs)]
+    grads = bwd(tuple(res), gs[0] if len(gs) == 1 else tuple(gs))
+    if not isinstance(grads, (tuple, list)) or len(grads) != n_args:
+        raise TypeError(f"custom_vjp backward must return a tuple of {n_args} gradients, "
+                        f"got {grads!r}")
+    fixed = []
+    for gr, x in zip(grads, xs[:n_args]):
+        if gr is None or not is_float(x.dtype):
+            fixed.append(None)
+            continue
+        if tuple(E.shape_of(gr)) != x.shape:
+            raise ValueError(f"custom_vjp backward returned a gradient of shape "
+                             f"{tuple(E.shape_of(gr))} for an argument of shape {x.shape}")
+        fixed.append(E.convert(gr, x.dtype))
+    return tuple(fixed) + (None,) * (n_res + len(outs))
+
+
+# ---- VJP ---------------------------------------------------------------------------------------
+
+VJP.update({
+    "neg": lambda g, x, out: (-g,),
+    "add": lambda g, x, y, out: (_ub(g, x), _ub(g, y)),
+    "sub": lambda g, x, y, out: (_ub(g, x), _ub(-g, y)),
+    "mul": lambda g, x, y, out: (_ub(g * y, x), _ub(g * x, y)),
+    "div": lambda g, x, y, out: (_ub(g / y, x), _ub(-g * out / y, y)),
+    "pow": lambda g, x, y, out: (_ub(g * y * E.pow(x, y - 1.0), x), _ub(g * _pow_dy(x, out), y)),
+    "max": lambda g, x, y, out: tuple(map(_ub, _max_mask(g, x, y), (x, y))),
+    "min": lambda g, x, y, out: tuple(map(_ub, _min_mask(g, x, y), (x, y))),
+    "select": lambda g, c, x, y, out: (None, _ub(E.where(c, g, 0.0), x),
+                                       _ub(E.where(c, 0.0, g), y)),
+    "convert": lambda g, x, out, dtype: (E.convert(g, x.dtype) if is_float(x.dtype) else None,),
+    "reduce_sum": lambda g, x, out, axes: (_kept(g, x, axes),),
+    "reduce_max": lambda g, x, out, axes: (_kept(g, x, axes) * _extreme_weights(x, out, axes),),
+    "reduce_min": lambda g, x, out, axes: (_kept(g, x, axes) * _extreme_weights(x, out, axes),),
+    "reduce_prod": lambda g, x, out, axes: (_kept(g, x, axes) * _prod_partials(x, out, axes),),
+    "reshape": lambda g, x, out, shape: (E.reshape(g, x.shape),),
+    "broadcast": lambda g, x, out, shape: (E.unbroadcast(g, x.shape),),
+    "transpose": lambda g, x, out, perm: (E.transpose(g, _inverse(perm)),),
+    "slice": lambda g, x, out, index: (E.pad_slice(g, x.shape, index),),
+    "pad_slice": lambda g, x, out, shape, index: (E.slice_(g, index),),
+    "concatenate": _concat_vjp,
+    "take": lambda g, x, idx, out, axis: (E.scatter_add(g, idx, axis, x.shape[axis]), None),
+    "scatter_add": lambda g, x, idx, out, axis, size: (E.take(g, idx, axis), None),
+    "matmul": _matmul_vjp,
+    "custom_vjp_call": _custom_vjp,
+})
+
+
+# ---- JVP ---------------------------------------------------------------------------------------
+
+def _linear(fn: Callable) -> Rule:
+    """JVP of an op linear in all its (float) inputs: the op applied to the tangents."""
+    def rule(*args, out, **params):
+        n = len(args) // 2
+        ts, xs = args[:n], args[n:]
+        if all(t is None for t in ts):
+            return None
+        return fn(*[_zeros(t, x) for t, x in zip(ts, xs)], **params)
+    return rule
+
+
+def _sum_tangents(*ts: Any, shape: tuple) -> Any:
+    live = [t for t in ts if t is not None]
+    if not live:
+        return None
+    total = live[0]
+    for t in live[1:]:
+        total = total + t
+    return E.broadcast_to(total, shape)
+
+
+def _mul_t(t: Any, factor: Any) -> Any:
+    return None if t is None else t * factor
+
+
+def _extreme_jvp(tx, x, out, axes):
+    return None if tx is None else E.reduce_sum(tx * _extreme_weights(x, out, axes), axes)
+
+
+def _custom_jvp(*args, out, n_args, n_res, bwd):
+    # Forward mode differentiates the recorded forward computation of the custom function.
+    n = len(args) // 2
+    return list(args[n_args + n_res:n])
+
+
+def _select_jvp(tc, tx, ty, c, x, y, out):
+    if tx is None and ty is None:
+        return None
+    return E.where(c, _tangent(_zeros(tx, x), out.shape), _tangent(_zeros(ty, y), out.shape))
+
+
+JVP.update({
+    "neg": lambda t, x, out: -t,
+    "add": lambda tx, ty, x, y, out: _sum_tangents(tx, ty, shape=out.shape),
+    "sub": lambda tx, ty, x, y, out: _sum_tangents(tx, None if ty is None else -ty,
+                                                   shape=out.shape),
+    "mul": lambda tx, ty, x, y, out: _sum_tangents(_mul_t(tx, y), _mul_t(ty, x),
+                                                   shape=out.shape),
+    "div": lambda tx, ty, x, y, out: _sum_tangents(
+        None if tx is None else tx / y, None if ty is None else -ty * out / y, shape=out.shape),
+    "pow": lambda tx, ty, x, y, out: _sum_tangents(
+        _mul_t(tx, y * E.pow(x, y - 1.0)), _mul_t(ty, _pow_dy(x, out)), shape=out.shape),
+    "max": lambda tx, ty, x, y, out: _minmax_jvp(_max_mask, tx, ty, x, y, out),
+    "min": lambda tx, ty, x, y, out: _minmax_jvp(_min_mask, tx, ty, x, y, out),
+    "select": _select_jvp,
+    "convert": lambda t, x, out, dtype: E.convert(t, dtype) if is_float(out.dtype) else None,
+    "reduce_sum": _linear(E.reduce_sum),
+    "reduce_max": _extreme_jvp,
+    "reduce_min": _extreme_jvp,
+    "reduce_prod": lambda t, x, out, axes: None if t is None else E.reduce_sum(
+        t * _prod_partials(x, out, axes), axes),
+    "reshape": _linear(E.reshape),
+    "broadcast": _linear(E.broadcast_to),
+    "transpose": _linear(E.transpose),
+    "slice": _linear(E.slice_),
+    "pad_slice": _linear(E.pad_slice),
+    "concatenate": lambda *a, out, axis: _linear(
+        lambda *xs, axis: E.concatenate(xs, axis))(*a, out=out, axis=axis),
+    "take": lambda tx, ti, x, idx, out, axis: None if tx is None else E.take(tx, idx, axis),
+    "scatter_add": lambda tg, ti, g, idx, out, axis, size: None if tg is None else
+    E.scatter_add(tg, idx, axis, size),
+    "matmul": lambda ta, tb, a, b, out: _sum_tangents(
+        None if ta is None else E.matmul(ta, b), None if tb is None else E.matmul(a, tb),
+        shape=out.shape),
+    "custom_vjp_call": _custom_jvp,
+})
+
+
+def _minmax_jvp(mask_fn, tx, ty, x, y, out):
+    if tx is None and ty is None:
+        return None
+    one = E.full(out.shape, 1.0, out.dtype)
+    wx, wy = mask_fn(one, x, y)
+    return _sum_tangents(_mul_t(tx, wx), _mul_t(ty, wy), shape=out.shape)
