@@ -1,2 +1,26 @@
-"""tracegrad: trace-and-compile automatic differentiation."""
+"""tracegrad: trace-and-compile automatic differentiation.
+
+PyTorch's autograd semantics and JAX's composable transforms on one core: a tracer records
+Python into IR, reverse mode turns it into gradient IR, llvmlite compiles it natively."""
+from . import ir
+from .config import config
+from .ir.builder import TracingError
+from .ir.ops import DTypeError, ShapeError
+from .tracer.custom import custom_vjp
+from .tracer.indexing import getitem
+from .tracer.jit import jit
+from .tracer.numpy_api import (
+    abs, add, amax, amin, arange_traced, argmax, argmin, astype, bool_, broadcast_to, cast, cat,
+    clamp, clip, concatenate, cos, div, divide, dot, equal, erf, exp, expand_dims, expm1,
+    eye_traced, float32, float64, floor_divide, full_traced, greater, greater_equal, int32,
+    int64, less, less_equal, linspace_traced, log, log1p, logical_and, logical_not, logical_or,
+    logsumexp, matmul, max, maximum, mean, min, minimum, mul, multiply, neg, not_equal, pow,
+    power, prod, reciprocal, relu, reshape, sigmoid, sign, sin, sqrt, square, squeeze, stack,
+    stop_gradient, sub, subtract, sum, swapaxes, take, tan, tanh, transpose, true_divide, where,
+)
+from .tracer.pytree import register_pytree_node, tree_flatten, tree_map, tree_unflatten
+from .tracer.random import manual_seed
+from .tracer.transforms import grad, hessian, jacfwd, jacrev, jvp, make_ir, value_and_grad, vjp
+from . import nn  # noqa: E402
+
 __version__ = "0.1.0"

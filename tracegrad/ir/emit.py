@@ -254,6 +254,12 @@ def full(shape: Sequence[int], value: Any, dtype: Any) -> Any:
     return bind("full", shape=tuple(int(d) for d in shape), value=value, dtype=np.dtype(dtype))
 
 
+def random(shape: Sequence[int], seed: Any, dist: str, dtype: Any) -> Any:
+    """Uniform [0,1) or standard normal draws; a pure function of (seed, shape)."""
+    return bind("random", asdtype(seed, np.int64), shape=tuple(int(d) for d in shape),
+                dist=dist, dtype=np.dtype(dtype))
+
+
 def zeros_like(x: Any) -> Any:
     return full(shape_of(x), 0, dtype_of(x))
 

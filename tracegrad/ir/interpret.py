@@ -8,7 +8,7 @@ import numpy as np
 from .core import Graph, Lit
 from .ops import OPS
 
-# Called after every equation with (eqn, outputs); set by tracegrad.config.debug_nans.
+# Called after every equation with (eqn, inputs, outputs); set by tracegrad.config.debug_nans.
 eqn_hook: Callable | None = None
 
 
@@ -29,10 +29,11 @@ def interpret(graph: Graph, args: Sequence[Any]) -> list[np.ndarray]:
 
     hook = eqn_hook
     for e in graph.eqns:
-        out = OPS[e.op].ref(*[read(a) for a in e.inputs], **e.params)
+        ins = [read(a) for a in e.inputs]
+        out = OPS[e.op].ref(*ins, **e.params)
         outs = out if OPS[e.op].multi_out else (out,)
         for v, o in zip(e.outvars, outs):
             env[v.id] = np.asarray(o, dtype=v.aval.dtype).reshape(v.aval.shape)
         if hook is not None:
-            hook(e, [env[v.id] for v in e.outvars])
+            hook(e, ins, [env[v.id] for v in e.outvars])
     return [np.array(read(a)) for a in graph.outvars]

@@ -281,13 +281,19 @@ def _ref_reduce(fn: Callable) -> Callable:
     return ref
 
 
+def np_index(index: tuple) -> tuple[slice, ...]:
+    """A slice index `((start, stop, step), ...)` selects `range(start, stop, step)` on each
+    axis, like Python's range: a negative stop only ever means 'past the front'."""
+    return tuple(slice(a, None if b < 0 else b, c) for a, b, c in index)
+
+
 def _ref_slice(x, *, index):
-    return x[tuple(slice(*s) for s in index)]
+    return x[np_index(index)]
 
 
 def _ref_pad_slice(g, *, shape, index):
     out = np.zeros(shape, g.dtype)
-    out[tuple(slice(*s) for s in index)] = g
+    out[np_index(index)] = g
     return out
 
 

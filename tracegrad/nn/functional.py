@@ -1,0 +1,106 @@
+"""Composite neural-network functions written from primitives (`tg.nn.functional`)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..ir import emit as E
+from ..tracer import numpy_api as tnp
+from ..tracer.dispatch import op
+from ..tracer.random import next_seed
+
+relu = tnp.relu
+sigmoid = tnp.sigmoid
+tanh = tnp.tanh
+logsumexp = tnp.logsumexp
+
+
+def _axis(axis: Any, dim: Any) -> Any:
+    return dim if dim is not None else axis
+
+
+def _reduce(loss: Any, reduction: str) -> Any:
+    if reduction == "mean":
+        return tnp.mean.raw(loss)
+    if reduction == "sum":
+        return tnp.sum.raw(loss)
+    if reduction == "none":
+        return loss
+    raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+@op("LogSoftmax")
+def log_softmax(x: Any, axis: int = -1, dim: int | None = None) -> Any:
+    axis = _axis(axis, dim)
+    x = E.to_float(tnp._arr(x))
+    return E.sub(x, tnp.logsumexp.raw(x, axis, keepdims=True))
+
+
+@op("Softmax")
+def softmax(x: Any, axis: int = -1, dim: int | None = None) -> Any:
+    axis = _axis(axis, dim)
+    x = E.to_float(tnp._arr(x))
+    m = E.stop_gradient(tnp.max.raw(x, axis, keepdims=True))
+    e = E.exp(E.sub(x, m))
+    return E.div(e, tnp.sum.raw(e, axis, keepdims=True))
+
+
+@op("NllLoss")
+def cross_entropy(logits: Any, labels: Any, reduction: str = "mean",
+                  axis: int = -1) -> Any:
+    """Softmax cross-entropy of `logits` [..., C] against integer class `labels` [...]."""
+    logits = E.to_float(tnp._arr(logits))
+    labels = tnp._arr(labels)
+    if not np.issubdtype(E.dtype_of(labels), np.integer):
+        raise TypeError(f"cross_entropy: labels must be integer class indices, got "
+                        f"{E.dtype_of(labels)}")
+    shape = E.shape_of(logits)
+    if tuple(E.shape_of(labels)) != tuple(shape[:-1]):
+        raise ValueError(f"cross_entropy: labels of shape {tuple(E.shape_of(labels))} do not "
+                         f"match logits of shape {tuple(shape)} (expected {tuple(shape[:-1])})")
+    logp = log_softmax.raw(logits, axis)
+    classes = E.iota(shape, len(shape) - 1, E.dtype_of(labels))
+    onehot = E.equal(classes, E.reshape(labels, tuple(shape[:-1]) + (1,)))
+    picked = E.reduce_sum(E.where(onehot, logp, 0.0), (len(shape) - 1,))
+    return _reduce(E.neg(picked), reduction)
+
+
+@op("BinaryCrossEntropyWithLogits")
+def binary_cross_entropy_with_logits(z: Any, y: Any, reduction: str = "mean") -> Any:
+    """max(z,0) - z*y + log1p(exp(-|z|)): stable for any logit."""
+    z = E.to_float(tnp._arr(z))
+    y = E.convert(tnp._arr(y), E.dtype_of(z))
+    loss = E.add(E.sub(E.maximum(z, 0.0), E.mul(z, y)), E.log1p(E.exp(E.neg(E.abs(z)))))
+    return _reduce(loss, reduction)
+
+
+@op("MseLoss")
+def mse_loss(x: Any, y: Any, reduction: str = "mean") -> Any:
+    d = E.sub(tnp._arr(x), tnp._arr(y))
+    return _reduce(E.mul(d, d), reduction)
+
+
+@op("Gelu")
+def gelu(x: Any, approximate: str = "none") -> Any:
+    x = E.to_float(tnp._arr(x))
+    if approximate == "tanh":
+        inner = E.mul(math.sqrt(2 / math.pi), E.add(x, E.mul(0.044715, E.mul(x, E.mul(x, x)))))
+        return E.mul(E.mul(0.5, x), E.add(1.0, E.tanh(inner)))
+    return E.mul(E.mul(0.5, x), E.add(1.0, E.erf(E.mul(x, 1 / math.sqrt(2)))))
+
+
+@op("Dropout")
+def dropout(x: Any, p: float = 0.5, training: bool = True, seed: Any = None) -> Any:
+    """Zero each element with probability p and scale the rest by 1/(1-p) when training."""
+    if not 0 <= p <= 1:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    x = tnp._arr(x)
+    if not training or p == 0:
+        return x
+    if p == 1:
+        return E.mul(x, 0.0)
+    seed = next_seed() if seed is None else seed
+    u = E.random(E.shape_of(x), seed, "uniform", E.dtype_of(x))
+    return E.where(E.greater_equal(u, p), E.div(x, 1.0 - p), 0.0)

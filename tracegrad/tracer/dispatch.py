@@ -1,0 +1,40 @@
+"""How `tg.*` functions reach Tensors: a function whose arguments include a Tensor is handed
+to the Tensor type's `__tg_function__(fn, name, args, kwargs)`, which records it lazily."""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+_tensor_types: list[type] = []
+
+
+def register_tensor_type(t: type) -> None:
+    _tensor_types.append(t)
+
+
+def _find_tensor(args: Any) -> type | None:
+    for a in args:
+        for t in _tensor_types:
+            if isinstance(a, t):
+                return t
+        if isinstance(a, (list, tuple)):
+            found = _find_tensor(a)
+            if found is not None:
+                return found
+    return None
+
+
+def op(name: str) -> Callable[[Callable], Callable]:
+    """Mark a `tg` function; `name` is its PyTorch backward name stem (e.g. "Add")."""
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            if _tensor_types:
+                t = _find_tensor(args) or _find_tensor(kwargs.values())
+                if t is not None:
+                    return t.__tg_function__(fn, name, args, kwargs)
+            return fn(*args, **kwargs)
+        inner.grad_name = name
+        inner.raw = fn
+        return inner
+    return wrap

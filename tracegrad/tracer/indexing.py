@@ -1,0 +1,102 @@
+"""Basic and integer-array indexing (`x[1:, ::2, None]`, `x[idx]`) as slice, reshape, take."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..ir import emit as E
+from ..ir.builder import Traced
+from ..ir.ops import ShapeError
+from .dispatch import op
+
+
+def _is_array_index(i: Any) -> bool:
+    return isinstance(i, (Traced, np.ndarray, list)) or (
+        hasattr(i, "__tg_function__") and not isinstance(i, (int, slice)))
+
+
+def _expand(index: Any, ndim: int) -> list[Any]:
+    if not isinstance(index, tuple):
+        index = (index,)
+    n_ellipsis = sum(i is Ellipsis for i in index)
+    if n_ellipsis > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    used = sum(1 for i in index if i is not None and i is not Ellipsis)
+    if used > ndim:
+        raise IndexError(f"too many indices: array is {ndim}-dimensional, but {used} were indexed")
+    out: list[Any] = []
+    for i in index:
+        if i is Ellipsis:
+            out.extend([slice(None)] * (ndim - used))
+        else:
+            out.append(i)
+    out.extend([slice(None)] * (ndim - sum(1 for i in out if i is not None)))
+    return out
+
+
+@op("Index")
+def getitem(x: Any, index: Any) -> Any:
+    shape = tuple(E.shape_of(x))
+    items = _expand(index, len(shape))
+    slices: list[tuple[int, int, int]] = []
+    out_shape: list[int] = []
+    advanced: tuple[int, Any] | None = None   # (axis in the output, indices)
+    dim = 0
+    for item in items:
+        if item is None:
+            out_shape.append(1)
+            continue
+        n = shape[dim]
+        if isinstance(item, (bool, np.bool_)):
+            raise IndexError("boolean scalar indices are not supported")
+        if isinstance(item, (int, np.integer)):
+            i = int(item)
+            if not -n <= i < n:
+                raise IndexError(f"index {i} is out of bounds for axis {dim} with size {n}")
+            i %= n
+            slices.append((i, i + 1, 1))
+        elif isinstance(item, slice):
+            start, stop, step = item.indices(n)
+            slices.append((start, stop, step))
+            out_shape.append(len(range(start, stop, step)))
+        elif _is_array_index(item):
+            if advanced is not None:
+                raise NotImplementedError("indexing with more than one integer array is not "
+                                          "supported; use tg.take along one axis at a time")
+            idx = item if isinstance(item, Traced) else np.asarray(item)
+            if E.dtype_of(idx) == np.bool_:
+                raise IndexError("boolean mask indexing has a data-dependent shape; use "
+                                 "tg.where(mask, x, 0) instead")
+            slices.append((0, n, 1))
+            advanced = (len(out_shape), idx)
+            out_shape.append(n)
+        else:
+            raise IndexError(f"unsupported index {item!r} of type {type(item).__name__}")
+        dim += 1
+    if advanced is not None:
+        real = [i for i in items if i is not None]
+        spots = [k for k, i in enumerate(real)
+                 if isinstance(i, (int, np.integer)) or _is_array_index(i)]
+        if spots != list(range(spots[0], spots[-1] + 1)):
+            raise NotImplementedError("mixing integer and array indices on non-adjacent axes "
+                                      "is not supported")
+    y = x
+    if any(s != (0, n, 1) for s, n in zip(slices, shape)):
+        y = E.slice_(y, slices)
+    y = E.reshape(y, out_shape)
+    if advanced is not None:
+        axis, idx = advanced
+        if isinstance(idx, np.ndarray) and idx.size:
+            n = out_shape[axis]
+            if idx.min() < -n or idx.max() >= n:
+                raise IndexError(f"index {int(idx.max())} is out of bounds for axis {axis} "
+                                 f"with size {n}")
+            idx = np.where(idx < 0, idx + n, idx)
+        y = E.take(y, idx, axis)
+    return y
+
+
+def index_shape_check(x_shape: tuple, index: Any) -> None:
+    if not x_shape and index not in ((), Ellipsis):
+        raise ShapeError("cannot index a 0-d value")

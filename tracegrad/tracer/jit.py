@@ -1,0 +1,160 @@
+"""`tg.jit`: trace once per signature, compile, and call the cached code afterwards."""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import ir
+from ..config import config
+from .executor import compile_graph
+from .pytree import TreeDef, tree_flatten, tree_unflatten
+from .trace import leaf_value, trace, tracing
+
+log = logging.getLogger("tracegrad")
+
+
+@dataclass
+class _Entry:
+    graph: ir.Graph
+    out_tree: TreeDef
+    run: Callable
+
+
+def _leaf_key(x: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        return (x.shape, x.dtype.str)
+    if isinstance(x, float):
+        return "f"
+    if isinstance(x, bool):
+        return "b"
+    if isinstance(x, int):
+        return "i"
+    if isinstance(x, np.generic):
+        return ((), x.dtype.str)
+    arr = getattr(x, "__tg_array__", None)
+    if arr is not None:
+        a = arr()
+        return (a.shape, a.dtype.str)
+    raise TypeError(f"jit: argument leaf of type {type(x).__name__} is not an array or a "
+                    "Python scalar (mark it static with static_argnums)")
+
+
+def _describe(key_part: Any) -> str:
+    if isinstance(key_part, tuple) and len(key_part) == 2:
+        shape, dt = key_part
+        return f"{ir.short_dtype(np.dtype(dt))}{list(shape)}"
+    return {"f": "float", "b": "bool", "i": "int"}.get(key_part, repr(key_part))
+
+
+class Lowered:
+    """What `jit(f).lower(*args)` returns: the graph and its native code as text."""
+
+    def __init__(self, graph: ir.Graph, run: Callable):
+        self.ir = graph
+        self._run = run
+
+    @property
+    def llvm_ir(self) -> str:
+        exe = getattr(self._run, "executable", None)
+        return exe.llvm_ir if exe is not None else "; no native backend (interpreter)"
+
+    @property
+    def asm(self) -> str:
+        exe = getattr(self._run, "executable", None)
+        return exe.asm if exe is not None else "; no native backend (interpreter)"
+
+    def as_text(self) -> str:
+        return str(self.ir)
+
+
+class Jitted:
+    def __init__(self, f: Callable, static_argnums: Sequence[int] = (),
+                 donate_argnums: Sequence[int] = ()):
+        self.f = f
+        self.static = tuple(sorted((static_argnums,) if isinstance(static_argnums, int)
+                                   else static_argnums))
+        self.donate = tuple((donate_argnums,) if isinstance(donate_argnums, int)
+                            else donate_argnums)
+        self.cache: dict[Any, _Entry] = {}
+        self._last_key: Any = None
+        functools.update_wrapper(self, f)
+
+    def _split(self, args: tuple) -> tuple[list[Any], list[Any], TreeDef]:
+        static = self.static
+        for i in static:
+            if i >= len(args):
+                raise ValueError(f"jit: static_argnums {i} is out of range for "
+                                 f"{len(args)} argument(s)")
+        dyn = [a for i, a in enumerate(args) if i not in static] if static else list(args)
+        leaves, tree = tree_flatten(tuple(dyn))
+        svals = [args[i] for i in static]
+        return leaves, svals, tree
+
+    def _key(self, leaves: list, svals: list, tree: TreeDef) -> Any:
+        try:
+            hash(tuple(svals))
+        except TypeError:
+            raise TypeError("jit: static arguments must be hashable, got "
+                            + ", ".join(type(s).__name__ for s in svals)) from None
+        return (tree, tuple(_leaf_key(x) for x in leaves), tuple(svals))
+
+    def __call__(self, *args: Any) -> Any:
+        leaves, svals, tree = self._split(args)
+        if tracing([x for x in leaves]):
+            return self.f(*args)     # inside another transform: trace through
+        key = self._key(leaves, svals, tree)
+        entry = self.cache.get(key)
+        if entry is None:
+            entry = self._compile(args, key)
+        vals = [leaf_value(x, f"argument leaf {i}") for i, x in enumerate(leaves)]
+        outs = entry.run(vals)
+        return tree_unflatten(entry.out_tree, outs)
+
+    def _compile(self, args: tuple, key: Any) -> _Entry:
+        t0 = time.perf_counter()
+        tf, _ = trace(self.f, args, self.static)
+        graph = ir.optimize(tf.graph)
+        run = compile_graph(graph)
+        entry = _Entry(graph, tf.out_tree, run)
+        if config.log_compiles:
+            reason = self._miss_reason(key)
+            log.warning("jit: compiled %s in %.1f ms%s", getattr(self.f, "__name__", "fn"),
+                        1e3 * (time.perf_counter() - t0), reason)
+        self.cache[key] = entry
+        self._last_key = key
+        return entry
+
+    def _miss_reason(self, key: Any) -> str:
+        old = self._last_key
+        if old is None:
+            return ""
+        if old[0] != key[0]:
+            return f" (retraced: argument structure changed from {old[0]} to {key[0]})"
+        for i, (a, b) in enumerate(zip(old[1], key[1])):
+            if a != b:
+                return (f" (retraced: argument leaf {i} changed from {_describe(a)} to "
+                        f"{_describe(b)})")
+        for i, (a, b) in enumerate(zip(old[2], key[2])):
+            if a != b:
+                return (f" (retraced: static argument {self.static[i]} changed from {a!r} "
+                        f"to {b!r})")
+        return ""
+
+    def lower(self, *args: Any) -> Lowered:
+        leaves, svals, tree = self._split(args)
+        key = self._key(leaves, svals, tree)
+        entry = self.cache.get(key) or self._compile(args, key)
+        return Lowered(entry.graph, entry.run)
+
+
+def jit(f: Callable | None = None, static_argnums: Sequence[int] = (),
+        donate_argnums: Sequence[int] = ()) -> Any:
+    """Compile `f` per signature (pytree structure, shapes, dtypes, static values)."""
+    if f is None:
+        return lambda g: Jitted(g, static_argnums, donate_argnums)
+    return Jitted(f, static_argnums, donate_argnums)

@@ -1,0 +1,30 @@
+"""Array methods on traced values (`x.sum()`, `x.T`, `x.reshape(...)`, `x[1:]`), the same
+spelling numpy arrays and Tensors offer."""
+from __future__ import annotations
+
+from ..ir.builder import Traced
+from . import numpy_api as tnp
+from .indexing import getitem
+
+METHODS = {
+    "sum": tnp.sum, "mean": tnp.mean, "max": tnp.max, "min": tnp.min, "prod": tnp.prod,
+    "argmax": tnp.argmax, "argmin": tnp.argmin, "exp": tnp.exp, "log": tnp.log,
+    "tanh": tnp.tanh, "sigmoid": tnp.sigmoid, "relu": tnp.relu, "sqrt": tnp.sqrt,
+    "abs": tnp.abs, "pow": tnp.pow, "sin": tnp.sin, "cos": tnp.cos, "reshape": tnp.reshape,
+    "view": tnp.reshape, "transpose": tnp.transpose, "matmul": tnp.matmul, "dot": tnp.dot,
+    "astype": tnp.astype, "squeeze": tnp.squeeze, "unsqueeze": tnp.expand_dims,
+    "clip": tnp.clip, "clamp": tnp.clip, "logsumexp": tnp.logsumexp, "square": tnp.square,
+}
+
+
+def install() -> None:
+    for name, fn in METHODS.items():
+        setattr(Traced, name, fn)
+    Traced.__getitem__ = getitem
+    Traced.T = property(lambda self: tnp.transpose(self))
+    Traced.mT = property(lambda self: tnp.swapaxes(self, -1, -2))
+    Traced.t = lambda self: tnp.transpose(self)
+    Traced.__array_ufunc__ = None   # numpy defers `ndarray op traced` to our reflected ops
+
+
+install()

@@ -1,0 +1,419 @@
+"""The numpy-like ops of the `tg` namespace. They work on numpy arrays (eagerly), Python
+scalars, traced values (recording IR) and Tensors (through `dispatch`)."""
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..ir import emit as E
+from ..ir.builder import Traced
+from ..ir.ops import ShapeError
+from .dispatch import op
+
+float32 = np.dtype(np.float32)
+float64 = np.dtype(np.float64)
+int32 = np.dtype(np.int32)
+int64 = np.dtype(np.int64)
+bool_ = np.dtype(np.bool_)
+
+
+def _arr(x: Any) -> Any:
+    """Traced values stay; lists and scalars become arrays (Python floats as float32)."""
+    if isinstance(x, (Traced, np.ndarray, np.generic)):
+        return x
+    if isinstance(x, (bool, int, float)):
+        return np.asarray(x, E.dtype_of(x))
+    arr = np.asarray(x)
+    if arr.dtype == float64 and not isinstance(x, np.ndarray):
+        arr = arr.astype(float32)
+    if arr.dtype == object:
+        raise TypeError(f"cannot convert {type(x).__name__} to an array")
+    return arr
+
+
+def _axes(x: Any, axis: Any) -> tuple[int, ...]:
+    ndim = len(E.shape_of(x))
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    out = []
+    for a in axes:
+        if not -ndim <= a < builtins.max(ndim, 1):
+            raise ShapeError(f"axis {a} is out of bounds for an array of dimension {ndim}")
+        out.append(a % builtins.max(ndim, 1))
+    return tuple(sorted(out))
+
+
+def _axis_kw(axis: Any, kwargs: dict) -> Any:
+    """PyTorch spells axis `dim` and keepdims `keepdim`; accept both."""
+    if "dim" in kwargs:
+        axis = kwargs.pop("dim")
+    return axis
+
+
+def _keep(x: Any, out: Any, axes: tuple[int, ...], keepdims: bool) -> Any:
+    if not keepdims:
+        return out
+    shape = tuple(1 if i in axes else d for i, d in enumerate(E.shape_of(x)))
+    return E.reshape(out, shape)
+
+
+# ---- elementwise -------------------------------------------------------------------------------
+
+def _unary(fn, name):
+    @op(name)
+    def f(x: Any) -> Any:
+        return fn(_arr(x))
+    f.__name__ = fn.__name__
+    return f
+
+
+def _binary(fn, name):
+    @op(name)
+    def f(x: Any, y: Any) -> Any:
+        return fn(x if isinstance(x, (bool, int, float)) else _arr(x),
+                  y if isinstance(y, (bool, int, float)) else _arr(y))
+    return f
+
+
+exp = _unary(E.exp, "Exp")
+log = _unary(E.log, "Log")
+log1p = _unary(E.log1p, "Log1P")
+expm1 = _unary(E.expm1, "Expm1")
+sin = _unary(E.sin, "Sin")
+cos = _unary(E.cos, "Cos")
+tan = _unary(E.tan, "Tan")
+tanh = _unary(E.tanh, "Tanh")
+sigmoid = _unary(E.sigmoid, "Sigmoid")
+sqrt = _unary(E.sqrt, "Sqrt")
+erf = _unary(E.erf, "Erf")
+neg = _unary(E.neg, "Neg")
+abs = _unary(E.abs, "Abs")  # noqa: A001
+sign = _unary(E.sign, "Sign")
+logical_not = _unary(E.logical_not, "LogicalNot")
+add = _binary(E.add, "Add")
+sub = _binary(E.sub, "Sub")
+subtract = sub
+mul = _binary(E.mul, "Mul")
+multiply = mul
+div = _binary(E.div, "Div")
+divide = div
+true_divide = div
+floor_divide = _binary(E.floor_divide, "FloorDiv")
+pow = _binary(E.pow, "Pow")  # noqa: A001
+power = pow
+maximum = _binary(E.maximum, "Maximum")
+minimum = _binary(E.minimum, "Minimum")
+less = _binary(E.less, "Lt")
+less_equal = _binary(E.less_equal, "Le")
+greater = _binary(E.greater, "Gt")
+greater_equal = _binary(E.greater_equal, "Ge")
+equal = _binary(E.equal, "Eq")
+not_equal = _binary(E.not_equal, "Ne")
+logical_and = _binary(E.logical_and, "LogicalAnd")
+logical_or = _binary(E.logical_or, "LogicalOr")
+
+
+@op("Relu")
+def relu(x: Any) -> Any:
+    x = _arr(x)
+    return E.where(E.greater(x, 0), x, 0)   # relu'(0) = 0, as PyTorch
+
+
+@op("Square")
+def square(x: Any) -> Any:
+    x = _arr(x)
+    return E.mul(x, x)
+
+
+@op("Reciprocal")
+def reciprocal(x: Any) -> Any:
+    return E.div(1.0, _arr(x))
+
+
+@op("Where")
+def where(cond: Any, x: Any, y: Any) -> Any:
+    return E.where(_arr(cond), x if isinstance(x, (int, float)) else _arr(x),
+                   y if isinstance(y, (int, float)) else _arr(y))
+
+
+@op("Clamp")
+def clip(x: Any, a_min: Any = None, a_max: Any = None) -> Any:
+    """Clamp to [a_min, a_max]; the gradient passes where a_min <= x <= a_max (as PyTorch)."""
+    x = _arr(x)
+    if a_min is not None:
+        x = E.where(E.less(x, a_min), E.convert(a_min, E.dtype_of(x)) if not isinstance(
+            a_min, (int, float)) else a_min, x)
+    if a_max is not None:
+        x = E.where(E.greater(x, a_max), E.convert(a_max, E.dtype_of(x)) if not isinstance(
+            a_max, (int, float)) else a_max, x)
+    return x
+
+
+clamp = clip
+
+
+@op("StopGradient")
+def stop_gradient(x: Any) -> Any:
+    return E.stop_gradient(_arr(x))
+
+
+@op("ToCopy")
+def astype(x: Any, dtype: Any) -> Any:
+    return E.convert(_arr(x), np.dtype(dtype))
+
+
+cast = astype
+
+
+# ---- reductions --------------------------------------------------------------------------------
+
+@op("Sum")
+def sum(x: Any, axis: Any = None, keepdims: bool = False, **kw: Any) -> Any:  # noqa: A001
+    axis, keepdims = _axis_kw(axis, kw), kw.pop("keepdim", keepdims)
+    x = _arr(x)
+    if E.dtype_of(x) == bool_:
+        x = E.convert(x, int64)
+    axes = _axes(x, axis)
+    return _keep(x, E.reduce_sum(x, axes), axes, keepdims)
+
+
+@op("Mean")
+def mean(x: Any, axis: Any = None, keepdims: bool = False, **kw: Any) -> Any:
+    axis, keepdims = _axis_kw(axis, kw), kw.pop("keepdim", keepdims)
+    x = E.to_float(_arr(x))
+    axes = _axes(x, axis)
+    n = math.prod(E.shape_of(x)[a] for a in axes)
+    return _keep(x, E.div(E.reduce_sum(x, axes), float(n) if n else math.nan), axes, keepdims)
+
+
+def _extreme(reduce, name):
+    @op(name)
+    def f(x: Any, axis: Any = None, keepdims: bool = False, **kw: Any) -> Any:
+        axis, keepdims = _axis_kw(axis, kw), kw.pop("keepdim", keepdims)
+        x = _arr(x)
+        axes = _axes(x, axis)
+        return _keep(x, reduce(x, axes), axes, keepdims)
+    return f
+
+
+max = _extreme(E.reduce_max, "Max")  # noqa: A001
+min = _extreme(E.reduce_min, "Min")  # noqa: A001
+amax, amin = max, min
+prod = _extreme(E.reduce_prod, "Prod")
+
+
+def _arg(reduce, name):
+    @op(name)
+    def f(x: Any, axis: int | None = None, keepdims: bool = False, **kw: Any) -> Any:
+        axis, keepdims = _axis_kw(axis, kw), kw.pop("keepdim", keepdims)
+        x = _arr(x)
+        if axis is None:
+            flat = E.reshape(x, (E.size_of(E.shape_of(x)),))
+            out = reduce(flat, 0)
+            return E.reshape(out, (1,) * len(E.shape_of(x))) if keepdims else out
+        (a,) = _axes(x, axis)
+        return _keep(x, reduce(x, a), (a,), keepdims)
+    return f
+
+
+argmax = _arg(E.argmax, "Argmax")
+argmin = _arg(E.argmin, "Argmin")
+
+
+@op("Logsumexp")
+def logsumexp(x: Any, axis: Any = None, keepdims: bool = False, **kw: Any) -> Any:
+    """log(sum(exp(x))), shifted by the max so it neither overflows nor underflows."""
+    axis, keepdims = _axis_kw(axis, kw), kw.pop("keepdim", keepdims)
+    x = E.to_float(_arr(x))
+    axes = _axes(x, axis)
+    m = E.stop_gradient(E.reduce_max(x, axes))
+    m = E.where(E.less(E.abs(m), math.inf), m, 0.0)    # an all -inf row stays -inf, not nan
+    m_kept = E.reshape(m, tuple(1 if i in axes else d for i, d in enumerate(E.shape_of(x))))
+    out = E.add(E.log(E.reduce_sum(E.exp(E.sub(x, m_kept)), axes)), m)
+    return _keep(x, out, axes, keepdims)
+
+
+# ---- shapes ------------------------------------------------------------------------------------
+
+def _shape_arg(shape: Sequence[Any]) -> tuple:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(shape[0])
+    return tuple(shape)
+
+
+@op("View")
+def reshape(x: Any, *shape: Any) -> Any:
+    x = _arr(x)
+    shape = list(_shape_arg(shape))
+    size = E.size_of(E.shape_of(x))
+    if shape.count(-1) > 1:
+        raise ShapeError(f"reshape: can only specify one unknown dimension, got {tuple(shape)}")
+    if -1 in shape:
+        known = math.prod(d for d in shape if d != -1)
+        if known == 0 or size % known:
+            raise ShapeError(f"reshape: cannot reshape array of shape {E.shape_of(x)} into "
+                             f"shape {tuple(shape)}")
+        shape[shape.index(-1)] = size // known
+    return E.reshape(x, shape)
+
+
+@op("Permute")
+def transpose(x: Any, axes: Any = None, *more: Any) -> Any:
+    x = _arr(x)
+    ndim = len(E.shape_of(x))
+    if axes is None:
+        perm = tuple(reversed(range(ndim)))
+    elif more:   # torch style transpose(x, dim0, dim1)
+        perm = list(range(ndim))
+        a, b = axes % ndim, more[0] % ndim
+        perm[a], perm[b] = perm[b], perm[a]
+    else:
+        perm = tuple(a % ndim for a in axes)
+    return E.transpose(x, perm)
+
+
+def swapaxes(x: Any, a: int, b: int) -> Any:
+    return transpose(x, a, b)
+
+
+@op("Expand")
+def broadcast_to(x: Any, shape: Sequence[int]) -> Any:
+    return E.broadcast_to(_arr(x), tuple(shape))
+
+
+@op("Unsqueeze")
+def expand_dims(x: Any, axis: int) -> Any:
+    x = _arr(x)
+    shape = list(E.shape_of(x))
+    axis = axis % (len(shape) + 1)
+    shape.insert(axis, 1)
+    return E.reshape(x, shape)
+
+
+@op("Squeeze")
+def squeeze(x: Any, axis: Any = None) -> Any:
+    x = _arr(x)
+    shape = E.shape_of(x)
+    if axis is None:
+        return E.reshape(x, [d for d in shape if d != 1])
+    axes = _axes(x, axis)
+    for a in axes:
+        if shape[a] != 1:
+            raise ShapeError(f"squeeze: cannot select an axis to squeeze out which has size "
+                             f"not equal to one (axis {a} of shape {shape})")
+    return E.reshape(x, [d for i, d in enumerate(shape) if i not in axes])
+
+
+@op("Cat")
+def concatenate(xs: Sequence[Any], axis: int = 0) -> Any:
+    xs = [_arr(x) for x in xs]
+    if not xs:
+        raise ShapeError("concatenate: needs at least one array")
+    ndim = len(E.shape_of(xs[0]))
+    if ndim == 0:
+        raise ShapeError("concatenate: zero-dimensional arrays cannot be concatenated")
+    return E.concatenate(xs, axis % ndim)
+
+
+cat = concatenate
+
+
+@op("Stack")
+def stack(xs: Sequence[Any], axis: int = 0) -> Any:
+    xs = [_arr(x) for x in xs]
+    if not xs:
+        raise ShapeError("stack: needs at least one array")
+    shapes = {tuple(E.shape_of(x)) for x in xs}
+    if len(shapes) != 1:
+        raise ShapeError(f"stack: all input arrays must have the same shape, got "
+                         f"{[tuple(E.shape_of(x)) for x in xs]}")
+    axis = axis % (len(E.shape_of(xs[0])) + 1)
+    return E.concatenate([expand_dims.raw(x, axis) for x in xs], axis)
+
+
+@op("Take")
+def take(x: Any, indices: Any, axis: int | None = None) -> Any:
+    x = _arr(x)
+    idx = _arr(indices)
+    if axis is None:
+        x = E.reshape(x, (E.size_of(E.shape_of(x)),))
+        axis = 0
+    return E.take(x, idx, axis % builtins.max(len(E.shape_of(x)), 1))
+
+
+# ---- linear algebra ----------------------------------------------------------------------------
+
+@op("Mm")
+def matmul(a: Any, b: Any) -> Any:
+    a, b = _arr(a), _arr(b)
+    sa, sb = E.shape_of(a), E.shape_of(b)
+    if len(sa) == 0 or len(sb) == 0:
+        raise ShapeError(f"matmul: operands must be at least 1-d, got shapes {sa} and {sb}")
+    if len(sa) > 2 or len(sb) > 2:
+        batch = np.broadcast_shapes(sa[:-2] if len(sa) > 1 else (),
+                                    sb[:-2] if len(sb) > 1 else ())
+        if len(sa) >= 2:
+            a = E.broadcast_to(a, batch + tuple(sa[-2:]))
+        else:
+            a = E.broadcast_to(E.reshape(a, (1,) + tuple(sa)), batch + (1,) + tuple(sa))
+        if len(sb) >= 2:
+            b = E.broadcast_to(b, batch + tuple(sb[-2:]))
+        else:
+            b = E.broadcast_to(E.reshape(b, tuple(sb) + (1,)), batch + tuple(sb) + (1,))
+        out = E.matmul(a, b)
+        if len(sa) == 1:
+            out = E.reshape(out, batch + (E.shape_of(out)[-1],))
+        elif len(sb) == 1:
+            out = E.reshape(out, batch + (E.shape_of(out)[-2],))
+        return out
+    return E.matmul(a, b)
+
+
+@op("Dot")
+def dot(a: Any, b: Any) -> Any:
+    if len(E.shape_of(a)) == 0 or len(E.shape_of(b)) == 0:
+        return E.mul(a, b)
+    return matmul.raw(a, b)
+
+
+# ---- creation (inside a trace; the Tensor module wraps these outside) ---------------------------
+
+def _dtype(dtype: Any, default: np.dtype = float32) -> np.dtype:
+    return default if dtype is None else np.dtype(dtype)
+
+
+def full_traced(shape: Sequence[int], value: Any, dtype: Any = None) -> Any:
+    if dtype is None:
+        dtype = E.dtype_of(value) if isinstance(value, (bool, int, float)) else float32
+    return E.full(tuple(int(d) for d in shape), value, np.dtype(dtype))
+
+
+def arange_traced(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None) -> Any:
+    if stop is None:
+        start, stop = 0, start
+    n = builtins.max(0, math.ceil((stop - start) / step))
+    if dtype is None:
+        dtype = float32 if builtins.any(isinstance(v, float) for v in (start, stop, step)) \
+            else int64
+    r = E.iota((n,), 0, np.dtype(dtype))
+    if step != 1:
+        r = E.mul(r, step)
+    if start != 0:
+        r = E.add(r, start)
+    return r
+
+
+def linspace_traced(start: float, stop: float, num: int = 50, dtype: Any = None) -> Any:
+    dtype = _dtype(dtype)
+    step = (stop - start) / builtins.max(num - 1, 1)
+    return E.add(E.mul(E.iota((num,), 0, dtype), step), start)
+
+
+def eye_traced(n: int, m: int | None = None, dtype: Any = None) -> Any:
+    m = n if m is None else m
+    hit = E.equal(E.iota((n, m), 0, int64), E.iota((n, m), 1, int64))
+    return E.convert(hit, _dtype(dtype))

@@ -1,0 +1,97 @@
+"""Pytrees: nested tuples, lists, dicts and None around array leaves."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+# Extra node types (e.g. Tensor containers) can register (flatten, unflatten) here.
+NODE_TYPES: dict[type, tuple[Callable, Callable]] = {}
+
+
+@dataclass(frozen=True)
+class TreeDef:
+    kind: str                      # "leaf", "none", "tuple", "list", "dict", or a registered name
+    meta: Any = None               # dict keys, or the registered type
+    children: tuple["TreeDef", ...] = ()
+
+    @property
+    def num_leaves(self) -> int:
+        if self.kind == "leaf":
+            return 1
+        return sum(c.num_leaves for c in self.children)
+
+    def __repr__(self) -> str:
+        if self.kind == "leaf":
+            return "*"
+        if self.kind == "none":
+            return "None"
+        inner = ", ".join(map(repr, self.children))
+        if self.kind == "dict":
+            inner = ", ".join(f"{k!r}: {c!r}" for k, c in zip(self.meta, self.children))
+            return "{" + inner + "}"
+        return {"tuple": f"({inner})", "list": f"[{inner}]"}.get(self.kind, f"{self.kind}({inner})")
+
+
+LEAF = TreeDef("leaf")
+
+
+def tree_flatten(tree: Any) -> tuple[list[Any], TreeDef]:
+    leaves: list[Any] = []
+    return leaves, _flatten(tree, leaves)
+
+
+def _flatten(x: Any, leaves: list[Any]) -> TreeDef:
+    if x is None:
+        return TreeDef("none")
+    t = type(x)
+    if t is tuple or t is list:
+        return TreeDef(t.__name__, None, tuple(_flatten(c, leaves) for c in x))
+    if t is dict:
+        keys = tuple(sorted(x, key=repr))
+        return TreeDef("dict", keys, tuple(_flatten(x[k], leaves) for k in keys))
+    if isinstance(x, tuple) and hasattr(x, "_fields"):   # namedtuple
+        return TreeDef("namedtuple", t, tuple(_flatten(c, leaves) for c in x))
+    if t in NODE_TYPES:
+        children, meta = NODE_TYPES[t][0](x)
+        return TreeDef(t.__name__, (t, meta), tuple(_flatten(c, leaves) for c in children))
+    leaves.append(x)
+    return LEAF
+
+
+def tree_unflatten(treedef: TreeDef, leaves: list[Any]) -> Any:
+    it = iter(leaves)
+    out = _unflatten(treedef, it)
+    return out
+
+
+def _unflatten(td: TreeDef, it) -> Any:
+    if td.kind == "leaf":
+        return next(it)
+    if td.kind == "none":
+        return None
+    children = [_unflatten(c, it) for c in td.children]
+    if td.kind == "tuple":
+        return tuple(children)
+    if td.kind == "list":
+        return children
+    if td.kind == "dict":
+        return dict(zip(td.meta, children))
+    if td.kind == "namedtuple":
+        return td.meta(*children)
+    t, meta = td.meta
+    return NODE_TYPES[t][1](children, meta)
+
+
+def tree_map(fn: Callable, tree: Any, *rest: Any) -> Any:
+    leaves, td = tree_flatten(tree)
+    others = [tree_flatten(r)[0] for r in rest]
+    return tree_unflatten(td, [fn(x, *xs) for x, *xs in zip(leaves, *others)])
+
+
+def tree_leaves(tree: Any) -> list[Any]:
+    return tree_flatten(tree)[0]
+
+
+def register_pytree_node(t: type, flatten: Callable, unflatten: Callable) -> None:
+    """flatten(x) -> (children, meta); unflatten(children, meta) -> x."""
+    NODE_TYPES[t] = (flatten, unflatten)

@@ -1,0 +1,85 @@
+"""Tracing a Python function with pytree arguments into a Graph."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import ir
+from ..ir.builder import Builder, Traced, current_builder
+from .pytree import TreeDef, tree_flatten, tree_unflatten
+
+_LEAF_TYPES = (np.ndarray, np.generic, bool, int, float, Traced)
+
+
+def leaf_value(x: Any, where: str) -> Any:
+    """A pytree leaf as something traceable: arrays, scalars, traced values, Tensors."""
+    if isinstance(x, _LEAF_TYPES):
+        if isinstance(x, (bool, int, float)):
+            return np.asarray(x, ir.emit.dtype_of(x))
+        if isinstance(x, np.ndarray) and x.dtype == object:
+            raise TypeError(f"{where} is an object array; only numeric arrays can be traced")
+        return x
+    as_array = getattr(x, "__tg_array__", None)   # Tensors
+    if as_array is not None:
+        return as_array()
+    raise TypeError(f"{where} is a {type(x).__name__}, which is not an array, a Python "
+                    "scalar or a tuple/list/dict of them")
+
+
+def aval_of_leaf(x: Any) -> ir.Aval:
+    if isinstance(x, Traced):
+        return x.aval
+    arr = np.asarray(x)
+    return ir.Aval(tuple(arr.shape), arr.dtype)
+
+
+@dataclass
+class Traced_fn:
+    """A traced function: its graph, the outer values it captured, and its output tree."""
+    graph: ir.Graph
+    captured: list[Traced]
+    out_tree: TreeDef
+
+
+def flatten_args(args: Sequence[Any], what: str = "argument") -> tuple[list[Any], TreeDef]:
+    leaves, tree = tree_flatten(tuple(args))
+    return [leaf_value(x, f"{what} leaf {i}") for i, x in enumerate(leaves)], tree
+
+
+def trace(fn: Callable, args: Sequence[Any], static_argnums: Sequence[int] = ()) -> tuple[
+        Traced_fn, list[Any]]:
+    """Trace `fn(*args)` with fresh inputs for every non-static array leaf.
+    Returns the traced function and the flat leaf values of the dynamic arguments."""
+    static = set(static_argnums)
+    dyn = [a for i, a in enumerate(args) if i not in static]
+    leaves, in_tree = flatten_args(dyn)
+    b = Builder(getattr(fn, "__name__", "fn"))
+    inputs = [b.new_input(aval_of_leaf(x)) for x in leaves]
+    dyn_args = tree_unflatten(in_tree, inputs)
+    it = iter(dyn_args)
+    call_args = [a if i in static else next(it) for i, a in enumerate(args)]
+    with b.active():
+        out = fn(*call_args)
+        out_leaves, out_tree = tree_flatten(out)
+        out_leaves = [leaf_value(x, f"output leaf {i}") for i, x in enumerate(out_leaves)]
+    graph = b.build(out_leaves)
+    return Traced_fn(graph, list(b.captured), out_tree), leaves
+
+
+def tracing(values: Sequence[Any]) -> bool:
+    """Whether a call with these leaves happens inside an outer trace."""
+    return current_builder() is not None or any(isinstance(v, Traced) for v in values)
+
+
+def call_graph(graph: ir.Graph, args: Sequence[Any]) -> list[Any]:
+    """Run `graph` on `args`: inline it when tracing, else execute it."""
+    if tracing(args):
+        b = current_builder()
+        if b is None:
+            b = next(v.builder for v in args if isinstance(v, Traced))
+        with b.active():
+            return b.inline(graph, args)
+    from .executor import execute
+    return execute(graph, args)

@@ -1,0 +1,266 @@
+"""The functional transforms: grad, value_and_grad, vjp, jvp, jacrev, jacfwd, hessian,
+make_ir. Each traces the function, transforms the graph, then runs it (or, inside an outer
+trace, inlines it) so transforms compose in any order."""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import ir
+from ..ir import emit as E
+from ..ir.builder import Builder
+from .pytree import tree_flatten, tree_unflatten
+from .trace import call_graph, flatten_args, trace
+
+
+def _argnums(argnums: int | Sequence[int], nargs: int, fname: str) -> tuple[int, ...]:
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    if not nums:
+        raise ValueError(f"{fname}: argnums must name at least one argument")
+    for n in nums:
+        if not isinstance(n, int):
+            raise TypeError(f"{fname}: argnums must be ints, got {n!r}")
+        if not -nargs <= n < nargs:
+            raise ValueError(f"{fname}: argnums {n} is out of range for a function called "
+                             f"with {nargs} positional argument(s)")
+    return tuple(n % nargs for n in nums)
+
+
+def _leaf_ranges(args: Sequence[Any]) -> list[range]:
+    """The flat leaf indices of each positional argument."""
+    out, start = [], 0
+    for a in args:
+        n = len(tree_flatten(a)[0])
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+def _check_float(leaves: Sequence[Any], idx: Sequence[int], fname: str) -> None:
+    for i in idx:
+        dtype = ir.emit.dtype_of(leaves[i])
+        if not ir.is_float(dtype):
+            raise TypeError(f"{fname} requires real-valued floating point inputs, but input "
+                            f"{i} has dtype {dtype}; only float arguments can be "
+                            "differentiated (cast with tg.astype(x, tg.float32), or exclude "
+                            "it with argnums)")
+
+
+def _run(graph: ir.Graph, captured: list, leaves: list) -> list[Any]:
+    return call_graph(ir.optimize(graph), list(leaves) + list(captured))
+
+
+def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
+                   has_aux: bool = False) -> Callable:
+    """`(value, grad)` of a scalar function; grad is for the args named by `argnums`."""
+    fname = getattr(f, "__name__", "f")
+
+    @functools.wraps(f)
+    def vg(*args: Any) -> Any:
+        nums = _argnums(argnums, len(args), "grad")
+        tf, leaves = trace(f, args)
+        g = tf.graph
+        n_out = len(g.outvars)
+        if has_aux:
+            if tf.out_tree.kind not in ("tuple", "list") or len(tf.out_tree.children) != 2:
+                raise TypeError("grad with has_aux=True needs f to return a pair (out, aux)")
+            n_main = tf.out_tree.children[0].num_leaves
+        else:
+            n_main = n_out
+        if n_main != 1 or g.outvars[0].aval.shape != ():
+            shape = g.outvars[0].aval.shape if n_main == 1 else f"{n_main} values"
+            raise TypeError(f"grad of {fname}: the function must return a scalar (shape ()), "
+                            f"got {shape}; use tg.vjp or tg.jacrev for non-scalar outputs")
+        out_dtype = g.outvars[0].aval.dtype
+        if not ir.is_float(out_dtype):
+            raise TypeError(f"grad of {fname}: the output must be a float scalar, got "
+                            f"{out_dtype}")
+        ranges = _leaf_ranges(args)
+        wrt = [i for n in nums for i in ranges[n]]
+        _check_float(leaves, wrt, "grad")
+        b = Builder("grad")
+        ins = [b.new_input(v.aval) for v in g.invars]
+        cts = [ir.Lit(1.0, out_dtype)] + [None] * (n_out - 1)
+        outs, grads = ir.backward_pass(b, g, ins, cts, wrt)
+        res = _run(b.build(outs + grads), tf.captured, leaves)
+        out_vals, grad_vals = res[:n_out], res[n_out:]
+        value = tree_unflatten(tf.out_tree, out_vals)
+        per_arg, k = [], 0
+        for n in nums:
+            count = len(ranges[n])
+            per_arg.append(tree_unflatten(tree_flatten(args[n])[1], grad_vals[k:k + count]))
+            k += count
+        grad_tree = per_arg[0] if isinstance(argnums, int) else tuple(per_arg)
+        return value, grad_tree
+    return vg
+
+
+def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable:
+    """The gradient of a scalar function (JAX's `grad`)."""
+    vg = value_and_grad(f, argnums, has_aux)
+
+    @functools.wraps(f)
+    def g(*args: Any) -> Any:
+        value, grads = vg(*args)
+        return (grads, value[1]) if has_aux else grads
+    return g
+
+
+def vjp(f: Callable, *primals: Any, has_aux: bool = False) -> tuple:
+    """`(out, vjp_fn)`; `vjp_fn(cotangent)` returns one gradient per primal (a tuple)."""
+    tf, leaves = trace(f, primals)
+    g = tf.graph
+    out_tree = tf.out_tree
+    outs = _run(g, tf.captured, leaves)
+    out = tree_unflatten(out_tree, outs)
+    aux = None
+    if has_aux:
+        out, aux = out
+    ranges = _leaf_ranges(primals)
+
+    def vjp_fn(cotangent: Any) -> tuple:
+        ct_leaves, ct_tree = tree_flatten(cotangent)
+        main_tree = out_tree.children[0] if has_aux else out_tree
+        if ct_tree != main_tree:
+            raise ValueError(f"vjp: cotangent structure {ct_tree} does not match the output "
+                             f"structure {main_tree}")
+        ct_vals = flatten_args(ct_leaves, "cotangent")[0]
+        for c, o in zip(ct_vals, g.outvars):
+            if tuple(np.shape(c) if not hasattr(c, "shape") else c.shape) != o.aval.shape:
+                raise ValueError(f"vjp: cotangent shape {tuple(c.shape)} does not match the "
+                                 f"output shape {o.aval.shape}")
+        b = Builder("vjp")
+        ins = [b.new_input(v.aval) for v in g.invars]
+        cts = [b.new_input(o.aval) for o in g.outvars[:len(ct_vals)]]
+        with b.active():
+            cts = [E.convert(c, o.aval.dtype) for c, o in zip(cts, g.outvars)]
+        wrt = [i for r in ranges for i in r if ir.is_float(ir.emit.dtype_of(leaves[i]))]
+        _, grads = ir.backward_pass(b, g, ins, cts + [None] * (len(g.outvars) - len(cts)), wrt)
+        vb_graph = b.build(grads)
+        # the builder's inputs: primal leaves, captured outer values, then cotangents
+        res = call_graph(ir.optimize(vb_graph), list(leaves) + list(tf.captured) + ct_vals)
+        by_leaf = dict(zip(wrt, res))
+        out_grads = []
+        for a, r in zip(primals, ranges):
+            vals = [by_leaf.get(i) for i in r]
+            vals = [v if v is not None else np.zeros_like(np.asarray(leaves[i]))
+                    for v, i in zip(vals, r)]
+            out_grads.append(tree_unflatten(tree_flatten(a)[1], vals))
+        return tuple(out_grads)
+
+    return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)
+
+
+def jvp(f: Callable, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple:
+    """`(out, tangent_out)`: forward-mode derivative of `f` at `primals` along `tangents`."""
+    primals, tangents = tuple(primals), tuple(tangents)
+    tf, leaves = trace(f, primals)
+    t_leaves, t_tree = flatten_args(tangents, "tangent")
+    p_tree = tree_flatten(primals)[1]
+    if t_tree != p_tree:
+        raise ValueError(f"jvp: tangent structure {t_tree} does not match primals {p_tree}")
+    for i, (p, t) in enumerate(zip(leaves, t_leaves)):
+        if tuple(np.shape(p)) != tuple(np.shape(t) if not hasattr(t, "shape") else t.shape):
+            raise ValueError(f"jvp: tangent {i} has shape {np.shape(t)} but its primal has "
+                             f"shape {np.shape(p)}")
+    g = tf.graph
+    b = Builder("jvp")
+    ins = [b.new_input(v.aval) for v in g.invars]
+    n_primal = len(leaves)
+    tans = [b.new_input(v.aval) for v in g.invars[:n_primal]]
+    outs, touts = ir.forward_pass(b, g, ins, tans + [None] * (len(g.invars) - n_primal))
+    with b.active():
+        touts = [t if t is not None else E.full(o.shape, 0, o.dtype)
+                 for t, o in zip(touts, outs)]
+    jg = b.build(outs + touts)
+    # the builder's inputs: primal leaves, captured outer values, then tangents
+    t_vals = [ir.emit.asdtype(t, ir.emit.dtype_of(p)) for t, p in zip(t_leaves, leaves)]
+    n = len(g.outvars)
+    res = call_graph(ir.optimize(jg), list(leaves) + list(tf.captured) + t_vals)
+    return tree_unflatten(tf.out_tree, res[:n]), tree_unflatten(tf.out_tree, res[n:])
+
+
+def _single_array_io(f: Callable, args: Sequence[Any], argnum: int, fname: str):
+    tf, leaves = trace(f, args)
+    g = tf.graph
+    if len(g.outvars) != 1:
+        raise TypeError(f"{fname} supports functions returning a single array")
+    ranges = _leaf_ranges(args)
+    if len(ranges[argnum]) != 1:
+        raise TypeError(f"{fname} supports a single array argument at argnums")
+    wrt = ranges[argnum][0]
+    _check_float(leaves, [wrt], fname)
+    return tf, leaves, g, wrt
+
+
+def jacrev(f: Callable, argnums: int = 0) -> Callable:
+    """The Jacobian by reverse mode: one backward pass per output element, in one graph."""
+    @functools.wraps(f)
+    def jac(*args: Any) -> Any:
+        n = _argnums(argnums, len(args), "jacrev")[0]
+        tf, leaves, g, wrt = _single_array_io(f, args, n, "jacrev")
+        out = g.outvars[0].aval
+        x = g.invars[wrt].aval
+        b = Builder("jacrev")
+        ins = [b.new_input(v.aval) for v in g.invars]
+        rows = []
+        for k in range(out.size):
+            basis = np.zeros(out.size, out.dtype)
+            basis[k] = 1
+            _, (gr,) = ir.backward_pass(b, g, ins, [basis.reshape(out.shape)], [wrt])
+            rows.append(gr)
+        with b.active():
+            if rows:
+                flat = E.concatenate([E.reshape(r, (1, x.size)) for r in rows], 0)
+            else:
+                flat = E.full((0, x.size), 0, x.dtype)
+            J = E.reshape(flat, out.shape + x.shape)
+        (res,) = _run(b.build([J]), tf.captured, leaves)
+        return res
+    return jac
+
+
+def jacfwd(f: Callable, argnums: int = 0) -> Callable:
+    """The Jacobian by forward mode: one tangent per input element, in one graph."""
+    @functools.wraps(f)
+    def jac(*args: Any) -> Any:
+        n = _argnums(argnums, len(args), "jacfwd")[0]
+        tf, leaves, g, wrt = _single_array_io(f, args, n, "jacfwd")
+        out = g.outvars[0].aval
+        x = g.invars[wrt].aval
+        b = Builder("jacfwd")
+        ins = [b.new_input(v.aval) for v in g.invars]
+        cols = []
+        for k in range(x.size):
+            basis = np.zeros(x.size, x.dtype)
+            basis[k] = 1
+            tans = [None] * len(g.invars)
+            tans[wrt] = basis.reshape(x.shape)
+            _, (t,) = ir.forward_pass(b, g, ins, tans)
+            with b.active():
+                t = t if t is not None else E.full(out.shape, 0, out.dtype)
+                cols.append(E.reshape(t, (out.size, 1)))
+        with b.active():
+            flat = E.concatenate(cols, 1) if cols else E.full((out.size, 0), 0, out.dtype)
+            J = E.reshape(flat, out.shape + x.shape)
+        (res,) = _run(b.build([J]), tf.captured, leaves)
+        return res
+    return jac
+
+
+def hessian(f: Callable, argnums: int = 0) -> Callable:
+    """Second derivatives: forward over reverse."""
+    return jacfwd(jacrev(f, argnums), argnums)
+
+
+def make_ir(f: Callable, static_argnums: Sequence[int] = ()) -> Callable[..., ir.Graph]:
+    """`make_ir(f)(*args)` is the Graph `f` traces to (transforms inside appear expanded)."""
+    static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+
+    @functools.wraps(f)
+    def make(*args: Any) -> ir.Graph:
+        tf, _ = trace(f, args, static)
+        return tf.graph
+    return make
