@@ -262,5 +262,5 @@ def make_ir(f: Callable, static_argnums: Sequence[int] = ()) -> Callable[..., ir
     @functools.wraps(f)
     def make(*args: Any) -> ir.Graph:
         tf, _ = trace(f, args, static)
-        return tf.graph
+        return ir.dce(tf.graph)
     return make
