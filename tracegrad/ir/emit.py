@@ -18,6 +18,8 @@ _WEAK = (bool, int, float)
 def dtype_of(x: Any) -> np.dtype:
     if isinstance(x, Traced):
         return x.dtype
+    if isinstance(x, np.generic):   # numpy scalars are strongly typed (np.float64 is a float)
+        return x.dtype
     if isinstance(x, bool):
         return np.dtype(np.bool_)
     if isinstance(x, int):
@@ -32,8 +34,8 @@ def shape_of(x: Any) -> tuple[int, ...]:
 
 
 def result_dtype(*xs: Any) -> np.dtype:
-    strong = [dtype_of(x) for x in xs if not isinstance(x, _WEAK)]
-    weak = [x for x in xs if isinstance(x, _WEAK)]
+    weak = [x for x in xs if isinstance(x, _WEAK) and not isinstance(x, np.generic)]
+    strong = [dtype_of(x) for x in xs if not any(x is w for w in weak)]
     if not strong:
         if any(isinstance(w, float) for w in weak):
             return float32

@@ -66,8 +66,8 @@ def _max_mask(g: Any, x: Any, y: Any) -> tuple[Any, Any]:
 
 
 def _min_mask(g: Any, x: Any, y: Any) -> tuple[Any, Any]:
-    gy, gx = _max_mask(g, y, x)
-    return gx, gy
+    # min(x, y) = max(y, x) with the roles swapped: x gets g where y > x
+    return _max_mask(g, y, x)
 
 
 def _pow_dy(x: Any, out: Any) -> Any:

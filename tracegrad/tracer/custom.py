@@ -17,6 +17,7 @@ class custom_vjp:  # noqa: N801 - JAX's name
         self.fun = fun
         self.fwd: Callable | None = None
         self.bwd: Callable | None = None
+        self._in_fwd = 0   # fwd usually calls f itself (as in JAX): that call is the plain f
         functools.update_wrapper(self, fun)
 
     def defvjp(self, fwd: Callable, bwd: Callable) -> None:
@@ -24,7 +25,7 @@ class custom_vjp:  # noqa: N801 - JAX's name
 
     def __call__(self, *args: Any) -> Any:
         arg_leaves, _ = flatten_args(args)
-        if self.fwd is None or not tracing(arg_leaves):
+        if self.fwd is None or self._in_fwd or not tracing(arg_leaves):
             return self.fun(*args)
         if current_builder() is None:
             builder = next(a.builder for a in arg_leaves if hasattr(a, "builder"))
@@ -33,7 +34,11 @@ class custom_vjp:  # noqa: N801 - JAX's name
         return self._record(args, arg_leaves)
 
     def _record(self, args: tuple, arg_leaves: list) -> Any:
-        out, res = self.fwd(*args)
+        self._in_fwd += 1
+        try:
+            out, res = self.fwd(*args)
+        finally:
+            self._in_fwd -= 1
         out_leaves, out_tree = tree_flatten(out)
         res_leaves, res_tree = tree_flatten(res)
         arg_trees = [tree_flatten(a)[1] for a in args]

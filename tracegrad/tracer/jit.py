@@ -26,7 +26,7 @@ class _Entry:
 
 
 def _leaf_key(x: Any) -> Any:
-    if isinstance(x, np.ndarray):
+    if isinstance(x, (np.ndarray, np.generic)):   # before float: np.float64 is a float
         return (x.shape, x.dtype.str)
     if isinstance(x, float):
         return "f"
@@ -34,8 +34,6 @@ def _leaf_key(x: Any) -> Any:
         return "b"
     if isinstance(x, int):
         return "i"
-    if isinstance(x, np.generic):
-        return ((), x.dtype.str)
     arr = getattr(x, "__tg_array__", None)
     if arr is not None:
         a = arr()

@@ -21,6 +21,9 @@ def install() -> None:
     for name, fn in METHODS.items():
         setattr(Traced, name, fn)
     Traced.__getitem__ = getitem
+    # `@` broadcasts batch dimensions like np.matmul (the primitive needs equal batches)
+    Traced.__matmul__ = lambda self, other: tnp.matmul(self, other)
+    Traced.__rmatmul__ = lambda self, other: tnp.matmul(other, self)
     Traced.T = property(lambda self: tnp.transpose(self))
     Traced.mT = property(lambda self: tnp.swapaxes(self, -1, -2))
     Traced.t = lambda self: tnp.transpose(self)
