@@ -24,8 +24,8 @@ def leaf_value(x: Any, where: str) -> Any:
     as_array = getattr(x, "__tg_array__", None)   # Tensors
     if as_array is not None:
         return as_array()
-    raise TypeError(f"{where} is a {type(x).__name__}, which is not an array, a Python "
-                    "scalar or a tuple/list/dict of them")
+    raise TypeError(f"{where} has type {type(x).__name__}, which is not an array, a Python "
+                    "scalar, or a tuple/list/dict/None of them")
 
 
 def aval_of_leaf(x: Any) -> ir.Aval:

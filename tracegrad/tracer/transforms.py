@@ -60,6 +60,9 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
     @functools.wraps(f)
     def vg(*args: Any) -> Any:
         nums = _argnums(argnums, len(args), "grad")
+        ranges = _leaf_ranges(args)
+        wrt = [i for n in nums for i in ranges[n]]
+        _check_float(flatten_args(args)[0], wrt, "grad")
         tf, leaves = trace(f, args)
         g = tf.graph
         n_out = len(g.outvars)
@@ -77,9 +80,6 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
         if not ir.is_float(out_dtype):
             raise TypeError(f"grad of {fname}: the output must be a float scalar, got "
                             f"{out_dtype}")
-        ranges = _leaf_ranges(args)
-        wrt = [i for n in nums for i in ranges[n]]
-        _check_float(leaves, wrt, "grad")
         b = Builder("grad")
         ins = [b.new_input(v.aval) for v in g.invars]
         cts = [ir.Lit(1.0, out_dtype)] + [None] * (n_out - 1)
