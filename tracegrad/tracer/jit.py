@@ -13,6 +13,7 @@ from .. import ir
 from ..config import config
 from .executor import compile_graph
 from .pytree import TreeDef, tree_flatten, tree_unflatten
+from ..ir.builder import current_builder
 from .trace import leaf_value, trace, tracing
 
 log = logging.getLogger("tracegrad")
@@ -80,6 +81,7 @@ class Jitted:
                             else donate_argnums)
         self.cache: dict[Any, _Entry] = {}
         self._last_key: Any = None
+        self._fast: dict[Any, _Entry] = {}
         functools.update_wrapper(self, f)
 
     def _split(self, args: tuple) -> tuple[list[Any], list[Any], TreeDef]:
@@ -102,6 +104,16 @@ class Jitted:
         return (tree, tuple(_leaf_key(x) for x in leaves), tuple(svals))
 
     def __call__(self, *args: Any) -> Any:
+        # Fast path: positional numpy arrays only, outside any trace: the key is their types.
+        if not self.static and current_builder() is None:
+            try:
+                fast = tuple([(a.shape, a.dtype) for a in args if type(a) is np.ndarray])
+            except AttributeError:
+                fast = None
+            if fast is not None and len(fast) == len(args):
+                entry = self._fast.get(fast)
+                if entry is not None:
+                    return tree_unflatten(entry.out_tree, entry.run(args))
         leaves, svals, tree = self._split(args)
         if tracing([x for x in leaves]):
             return self.f(*args)     # inside another transform: trace through
@@ -109,6 +121,8 @@ class Jitted:
         entry = self.cache.get(key)
         if entry is None:
             entry = self._compile(args, key)
+            if not self.static and all(type(a) is np.ndarray for a in args):
+                self._fast[tuple((a.shape, a.dtype) for a in args)] = entry
         vals = [leaf_value(x, f"argument leaf {i}") for i, x in enumerate(leaves)]
         outs = entry.run(vals)
         return tree_unflatten(entry.out_tree, outs)
