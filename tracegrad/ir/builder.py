@@ -176,7 +176,9 @@ def bind(op: str, *args: Any, **params: Any) -> Any:
         except (ShapeError, DTypeError) as e:
             src = user_source()
             raise type(e)(f"{op}: {e}" + (f" (at {src})" if src else "")) from None
-        return opdef.ref(*arrays, **params)
+        out = opdef.ref(*arrays, **params)
+        # numpy hands back scalars for 0-d results; eager ops return arrays, as jit does
+        return tuple(map(np.asarray, out)) if opdef.multi_out else np.asarray(out)
     outs = b.emit(op, [b.atom(a) for a in args], params)
     if OPS[op].multi_out:
         return [Traced(b, v) for v in outs]
