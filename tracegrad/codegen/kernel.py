@@ -1,0 +1,87 @@
+"""A kernel function: `void k(i8** bufs, i64 task)` that reads its buffers from the table
+and runs one task of a group. The body is a separate function whose buffer arguments are
+`noalias`; once inlined LLVM keeps that as scoped alias metadata, which is what lets the
+vectoriser move loads past stores without runtime overlap checks."""
+from __future__ import annotations
+
+from typing import Callable, Hashable
+
+import numpy as np
+from llvmlite import ir
+
+from .dtypes import I1, I64, PTR, VOID, mem_type
+
+KERNEL_TYPE = ir.FunctionType(VOID, [PTR.as_pointer(), I64])
+
+
+class Kernel:
+    def __init__(self, module: ir.Module, name: str,
+                 buffers: list[tuple[Hashable, int, np.dtype]]):
+        """`buffers`: (key, slot in the table, element dtype) for every buffer it touches."""
+        self.module = module
+        self.fn = ir.Function(module, KERNEL_TYPE, name)
+        self.fn.linkage = "internal"
+        arg_types = [I64] + [mem_type(dt).as_pointer() for _, _, dt in buffers]
+        self.body_fn = ir.Function(module, ir.FunctionType(VOID, arg_types), name + "_body")
+        self.body_fn.linkage = "internal"
+        self.body_fn.attributes.add("alwaysinline")
+        for a in self.body_fn.args[1:]:
+            a.add_attribute("noalias")
+        self.task = self.body_fn.args[0]
+        self.ptrs = {key: a for (key, _, _), a in zip(buffers, self.body_fn.args[1:])}
+        # the wrapper: load each pointer from its slot and call the body
+        wb = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        table, task = self.fn.args
+        args = [task]
+        for (_, slot, dt), t in zip(buffers, arg_types[1:]):
+            p = wb.load(wb.gep(table, [ir.Constant(I64, slot)], inbounds=True))
+            args.append(wb.bitcast(p, t))
+        wb.call(self.body_fn, args)
+        wb.ret_void()
+        self.b = ir.IRBuilder(self.body_fn.append_basic_block("entry"))
+        self.entry_block = self.b.block
+
+    def alloca(self, t: ir.Type) -> ir.Value:
+        """A stack slot in the entry block (SROA turns it into SSA values)."""
+        with self.b.goto_block(self.entry_block):
+            if self.entry_block.instructions:
+                self.b.position_before(self.entry_block.instructions[0])
+            return self.b.alloca(t)
+
+    def for_range(self, start: ir.Value, stop: ir.Value,
+                  body: Callable[[ir.Value], None]) -> None:
+        b = self.b
+        pre = b.block
+        header = self.fn_append("loop")
+        inner = self.fn_append("body")
+        done = self.fn_append("done")
+        b.branch(header)
+        b.position_at_end(header)
+        i = b.phi(I64)
+        i.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<", i, stop), inner, done)
+        b.position_at_end(inner)
+        body(i)
+        i.add_incoming(b.add(i, ir.Constant(I64, 1), flags=("nsw",)), b.block)
+        b.branch(header)
+        b.position_at_end(done)
+
+    def fn_append(self, name: str) -> ir.Block:
+        return self.body_fn.append_basic_block(name)
+
+    def finish(self) -> ir.Function:
+        self.b.ret_void()
+        return self.fn
+
+
+def if_then(b: ir.IRBuilder, cond: ir.Value, then: Callable[[], None]) -> None:
+    fn = b.block.function
+    yes, done = fn.append_basic_block("then"), fn.append_basic_block("endif")
+    b.cbranch(cond, yes, done)
+    b.position_at_end(yes)
+    then()
+    b.branch(done)
+    b.position_at_end(done)
+
+
+__all__ = ["I1", "KERNEL_TYPE", "Kernel", "if_then"]

@@ -1,0 +1,165 @@
+"""Kernels that are not loop fusions: matmul (BLAS GEMM or a generated loop) and scatter_add.
+
+GEMM choice, measured on the target machine class (AVX2/AVX-512, 2 cores): scipy's OpenBLAS
+sgemm/dgemm beats our generated i-k-j loop from about 32^3 multiply-adds up, and is about 3x
+faster at MLP sizes (128x784x512); below that the call overhead dominates and the generated
+loop (vectorised over the output row) wins. Integer matmuls always use the loop."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+
+from .dtypes import I8, I32, I64, VOID, const, i64, is_float
+from .kernel import Kernel
+from .plan import Group
+
+BLAS_MIN_WORK = 32 ** 3
+SLOT_PAR, SLOT_SGEMM, SLOT_DGEMM = 0, 1, 2
+
+
+def gemm_dims(group: Group) -> tuple[int, int, int, int]:
+    """(batch, M, K, N) of a matmul group, with 1-d operands as 1-row / 1-column matrices."""
+    (a, ta), (bb, tb) = group.operands
+    sa, sb = a.aval.shape, bb.aval.shape
+    if ta:
+        sa = sa[:-2] + (sa[-1], sa[-2])
+    if tb:
+        sb = sb[:-2] + (sb[-1], sb[-2])
+    m = 1 if len(sa) == 1 else sa[-2]
+    k = sa[-1]
+    n = 1 if len(sb) == 1 else sb[-1]
+    batch = math.prod(sa[:-2]) if len(sa) > 2 else 1
+    return batch, m, k, n
+
+
+def gemm_slot(group: Group) -> int:
+    return SLOT_SGEMM if group.eqns[0].out.aval.dtype == np.float32 else SLOT_DGEMM
+
+
+def uses_blas(group: Group) -> bool:
+    batch, m, k, n = gemm_dims(group)
+    dt = group.eqns[0].out.aval.dtype
+    return is_float(dt) and m * k * n >= BLAS_MIN_WORK
+
+
+def emit_matmul(k: Kernel, group: Group, blas: bool) -> None:
+    b = k.b
+    (a, ta), (bb, tb) = group.operands
+    out = group.eqns[0].out
+    dt = out.aval.dtype
+    batch, m, kk, n = gemm_dims(group)
+    pa, pb, pc = k.ptrs[a.id], k.ptrs[bb.id], k.ptrs[out.id]
+    if m * n == 0:
+        return
+    if kk == 0:   # an empty contraction is all zeros
+        k.for_range(i64(0), i64(batch * m * n),
+                    lambda j: b.store(const(dt, 0), b.gep(pc, [j], inbounds=True)))
+        return
+    # element (i, j) of op(A) lives at i*sa0 + j*sa1 of the stored operand
+    sa0, sa1 = (1, m) if ta else (kk, 1)
+    sb0, sb1 = (1, kk) if tb else (n, 1)
+    if blas:
+        _blas(k, dt, batch, m, kk, n, ta, tb, pa, pb, pc)
+        return
+
+    def each_batch(t):
+        oa, ob, oc = (b.mul(t, i64(s)) for s in (m * kk, kk * n, m * n))
+
+        def row(i):
+            crow = b.add(oc, b.mul(i, i64(n)))
+            k.for_range(i64(0), i64(n), lambda j: b.store(
+                const(dt, 0), b.gep(pc, [b.add(crow, j)], inbounds=True)))
+
+            def red(p):
+                aip = b.load(b.gep(pa, [b.add(oa, b.add(b.mul(i, i64(sa0)),
+                                                        b.mul(p, i64(sa1))))], inbounds=True))
+                brow = b.add(ob, b.mul(p, i64(sb0)))
+
+                def col(j):
+                    cp = b.gep(pc, [b.add(crow, j)], inbounds=True)
+                    bv = b.load(b.gep(pb, [b.add(brow, b.mul(j, i64(sb1)))], inbounds=True))
+                    prod = b.fmul(aip, bv) if is_float(dt) else b.mul(aip, bv)
+                    b.store(b.fadd(b.load(cp), prod) if is_float(dt) else
+                            b.add(b.load(cp), prod), cp)
+                k.for_range(i64(0), i64(n), col)
+            k.for_range(i64(0), i64(kk), red)
+        k.for_range(i64(0), i64(m), row)
+    k.for_range(i64(0), i64(batch), each_batch)
+
+
+def _blas(k: Kernel, dt, batch, m, kk, n, ta, tb, pa, pb, pc) -> None:
+    """Row-major C = op(A) op(B) as column-major C^T = op(B)^T op(A)^T through ?gemm."""
+    b = k.b
+    ft = pa.type.pointee
+    i32p = I32.as_pointer()
+    fnty = ir.FunctionType(VOID, [I8.as_pointer()] * 2 + [i32p] * 3 + [ft.as_pointer()] * 2
+                           + [i32p] + [ft.as_pointer()] + [i32p] + [ft.as_pointer()] * 2
+                           + [i32p])
+    fp = b.bitcast(k.ptrs["gemm"], fnty.as_pointer())
+
+    def cell(t: ir.Type, v) -> ir.Value:
+        p = k.alloca(t)
+        b.store(ir.Constant(t, v), p)
+        return p
+
+    trans_b = cell(I8, ord("T") if tb else ord("N"))
+    trans_a = cell(I8, ord("T") if ta else ord("N"))
+    mm, nn, kp = cell(I32, n), cell(I32, m), cell(I32, kk)
+    lda = cell(I32, kk if tb else n)    # leading dim of the stored B
+    ldb = cell(I32, m if ta else kk)    # leading dim of the stored A
+    ldc = cell(I32, n)
+    alpha, beta = cell(ft, 1.0), cell(ft, 0.0)
+
+    def each_batch(t):
+        ob, oa, oc = (b.mul(t, i64(s)) for s in (kk * n, m * kk, m * n))
+        b.call(fp, [trans_b, trans_a, mm, nn, kp, alpha,
+                    b.gep(pb, [ob], inbounds=True), lda,
+                    b.gep(pa, [oa], inbounds=True), ldb, beta,
+                    b.gep(pc, [oc], inbounds=True), ldc])
+    k.for_range(i64(0), i64(batch), each_batch)
+
+
+def emit_scatter_add(k: Kernel, group: Group) -> None:
+    """out = zeros; out[pre, idx[mid], post] += g[pre, mid, post]. Out-of-range indices (after
+    numpy's negative wrap) are skipped, so native code never writes outside the buffer."""
+    b = k.b
+    e = group.eqns[0]
+    g, ind = e.inputs
+    axis, size = e.params["axis"], e.params["size"]
+    out, dt = e.out, e.out.aval.dtype
+    pre = math.prod(g.aval.shape[:axis])
+    mid = ind.aval.size
+    post = math.prod(g.aval.shape[axis + ind.aval.ndim:])
+    pg, pi, po = k.ptrs[g.id], k.ptrs[ind.id], k.ptrs[out.id]
+    k.for_range(i64(0), i64(out.aval.size),
+                lambda j: b.store(const(dt, 0), b.gep(po, [j], inbounds=True)))
+
+    def outer(i):
+        def each(m):
+            j = b.load(b.gep(pi, [m], inbounds=True))
+            if j.type != I64:
+                j = b.sext(j, I64)
+            j = b.select(b.icmp_signed("<", j, i64(0)), b.add(j, i64(size)), j)
+            ok = b.icmp_unsigned("<", j, i64(size))
+            fn = b.block.function
+            yes, done = fn.append_basic_block("in"), fn.append_basic_block("skip")
+            b.cbranch(ok, yes, done)
+            b.position_at_end(yes)
+            src = b.mul(b.add(b.mul(i, i64(mid)), m), i64(post))
+            dst = b.mul(b.add(b.mul(i, i64(size)), j), i64(post))
+
+            def col(c):
+                sp = b.gep(pg, [b.add(src, c)], inbounds=True)
+                dp = b.gep(po, [b.add(dst, c)], inbounds=True)
+                x, y = b.load(dp), b.load(sp)
+                b.store(b.fadd(x, y) if is_float(dt) else b.add(x, y), dp)
+            k.for_range(i64(0), i64(post), col)
+            b.branch(done)
+            b.position_at_end(done)
+        k.for_range(i64(0), i64(mid), each)
+    k.for_range(i64(0), i64(pre), outer)
+
+
+__all__ = ["emit_matmul", "emit_scatter_add", "gemm_dims", "gemm_slot", "uses_blas"]

@@ -1,0 +1,187 @@
+"""Graph -> one LLVM module with one entry, `void tg_entry(i8** bufs)`, plus its buffer layout.
+
+The table `bufs` holds, by slot: the thread-pool callback and the BLAS entry points (slots
+0-2), then the graph's inputs, constants, outputs and intermediates. Intermediates and
+per-task partial reductions live in one workspace whose offsets are part of the layout, so
+the object code is independent of any address and can be cached on disk."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+
+from ..ir import Graph, Lit, Var
+from .dtypes import I64, PTR, VOID, i64
+from .kernel import KERNEL_TYPE, Kernel
+from .linalg import emit_matmul, emit_scatter_add, gemm_slot, uses_blas
+from .loops import emit_argreduce, emit_combine, emit_loop_group, reductions, split
+from .plan import Group, plan_graph
+
+ENTRY = "tg_entry"
+FIRST_SLOT = 3
+ALIGN = 64
+PAR_TYPE = ir.FunctionType(VOID, [KERNEL_TYPE.as_pointer(), PTR.as_pointer(), I64])
+
+
+@dataclass
+class Layout:
+    """Where every buffer of a compiled graph goes; plain data, stored with cached code."""
+    n_slots: int
+    input_slots: list[int]
+    const_slots: list[tuple[int, int]]        # (slot, index into graph.consts)
+    outputs: list[tuple]                      # ("slot", s) ("arg", i) ("const", j) ("lit",)
+    workspace: list[tuple[int, int]] = field(default_factory=list)   # (slot, byte offset)
+    workspace_size: int = 0
+    n_kernels: int = 0
+    n_parallel: int = 0
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Layout:
+        d = dict(d)
+        for k in ("const_slots", "outputs", "workspace"):
+            d[k] = [tuple(x) for x in d[k]]
+        return cls(**d)
+
+
+@dataclass
+class Lowered:
+    module: ir.Module
+    layout: Layout
+    graph: Graph
+
+
+class _Lowering:
+    def __init__(self, graph: Graph, use_blas: bool):
+        self.graph = graph
+        self.use_blas = use_blas
+        self.plan = plan_graph(graph)
+        self.module = ir.Module(name="tracegrad")
+        self.slot: dict[Any, int] = {}
+        self.dtype: dict[Any, np.dtype] = {}
+        self.next_slot = FIRST_SLOT
+        self.ws: list[tuple[int, int]] = []
+        self.ws_size = 0
+
+    def new_slot(self, key, dtype: np.dtype, nbytes: int | None = None) -> int:
+        s = self.slot[key] = self.next_slot
+        self.dtype[key] = np.dtype(dtype)
+        self.next_slot += 1
+        if nbytes is not None:
+            self.ws.append((s, self.ws_size))
+            self.ws_size += -(-max(nbytes, 1) // ALIGN) * ALIGN
+        return s
+
+    def layout_buffers(self) -> Layout:
+        g = self.graph
+        const_index = {v.id: j for j, v in enumerate(g.constvars)}
+        input_slots = [self.new_slot(v.id, v.aval.dtype) for v in g.invars]
+        const_slots = []
+        for v in self.plan.graph.constvars:
+            if v.id not in self.slot:
+                const_slots.append((self.new_slot(v.id, v.aval.dtype), const_index[v.id]))
+        outputs = []
+        inputs = {v.id: i for i, v in enumerate(g.invars)}
+        seen: dict[int, int] = {}
+        for k, a in enumerate(self.plan.graph.outvars):
+            if isinstance(a, Lit):
+                outputs.append(("lit",))
+            elif a.id in inputs:
+                outputs.append(("arg", inputs[a.id]))
+            elif a.id in const_index:
+                outputs.append(("const", const_index[a.id]))
+            elif a.id in seen:
+                outputs.append(("dup", seen[a.id]))
+            else:
+                seen[a.id] = k
+                outputs.append(("slot", self.new_slot(a.id, a.aval.dtype)))
+        for v_id in sorted(self.plan.materialised - set(self.slot)):
+            v = self._var(v_id)
+            if v is not None:
+                self.new_slot(v_id, v.aval.dtype, v.aval.size * v.aval.dtype.itemsize)
+        return Layout(0, input_slots, const_slots, outputs)
+
+    def _var(self, v_id: int) -> Var | None:
+        if not hasattr(self, "_vars"):
+            self._vars = {v.id: v for e in self.plan.graph.eqns for v in e.outvars}
+        return self._vars.get(v_id)
+
+    def kernel(self, name: str, keys: list) -> Kernel:
+        keys = list(dict.fromkeys(keys))
+        return Kernel(self.module, name, [(k, self.slot[k], self.dtype[k]) for k in keys])
+
+    def lower(self) -> Lowered:
+        layout = self.layout_buffers()
+        calls: list[tuple[ir.Function, int]] = []
+        for gi, group in enumerate(self.plan.groups):
+            calls += self.lower_group(f"k{gi}", group)
+        entry = ir.Function(self.module, ir.FunctionType(VOID, [PTR.as_pointer()]), ENTRY)
+        b = ir.IRBuilder(entry.append_basic_block("entry"))
+        table = entry.args[0]
+        par = None
+        for fn, tasks in calls:
+            if tasks == 1:
+                b.call(fn, [table, i64(0)])
+                continue
+            if par is None:
+                par = b.bitcast(b.load(b.gep(table, [i64(0)], inbounds=True)),
+                                PAR_TYPE.as_pointer())
+            b.call(par, [fn, table, i64(tasks)])
+        b.ret_void()
+        layout.n_slots = self.next_slot
+        layout.workspace, layout.workspace_size = self.ws, self.ws_size
+        layout.n_kernels = len(calls)
+        layout.n_parallel = sum(t > 1 for _, t in calls)
+        return Lowered(self.module, layout, self.graph)
+
+    def lower_group(self, name: str, group: Group) -> list[tuple[ir.Function, int]]:
+        produced = {v.id: e for e in group.eqns for v in e.outvars}
+        if group.kind == "matmul":
+            keys = [a.id for a, _ in group.operands] + [group.eqns[0].out.id]
+            blas = self.use_blas and uses_blas(group)
+            if blas:
+                keys.append("gemm")
+                self.slot["gemm"], self.dtype["gemm"] = gemm_slot(group), np.dtype(np.int8)
+            k = self.kernel(name, keys)
+            emit_matmul(k, group, blas)
+            return [(k.finish(), 1)]
+        reads = [a.id for e in group.eqns for a in e.inputs
+                 if isinstance(a, Var) and a.id not in produced]
+        if group.kind == "scatter_add":
+            k = self.kernel(name, reads + [group.eqns[0].out.id])
+            emit_scatter_add(k, group)
+            return [(k.finish(), 1)]
+        writes = [v.id for v in group.roots] + [e.out.id for e in group.reductions]
+        if group.kind == "argreduce":
+            k = self.kernel(name, reads + writes)
+            emit_argreduce(k, group, produced)
+            return [(k.finish(), 1)]
+        p, tasks = split(group)
+        reds = reductions(group, p, tasks)
+        partial_keys = {}
+        for r in reds:
+            if r.partial:
+                key = ("partial", r.eqn.out.id)
+                dt = r.eqn.out.aval.dtype
+                self.new_slot(key, dt, tasks * r.out_size * dt.itemsize)
+                partial_keys[id(r.eqn)] = key
+        k = self.kernel(name, reads + writes + list(partial_keys.values()))
+        emit_loop_group(k, group, produced, p, tasks, partial_keys)
+        calls = [(k.finish(), tasks)]
+        for j, r in enumerate(reds):
+            if r.partial:
+                key = partial_keys[id(r.eqn)]
+                c = self.kernel(f"{name}_c{j}", [key, r.eqn.out.id])
+                emit_combine(c, r, tasks, key)
+                calls.append((c.finish(), 1))
+        return calls
+
+
+def lower_graph(graph: Graph, use_blas: bool = True) -> Lowered:
+    """Plan fusion groups and emit the LLVM module and buffer layout for `graph`.
+    `use_blas`: large float matmuls call the ?gemm whose address is in slots 1-2."""
+    return _Lowering(graph, use_blas).lower()

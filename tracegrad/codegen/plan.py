@@ -1,0 +1,240 @@
+"""Fusion planning: partition a graph's equations into kernels (groups) and order them.
+
+A loop group is one loop nest over a domain shape. Its roots are the values it writes to
+memory (elementwise results of the domain's shape, and reductions whose input has it); every
+other member is computed in registers where a root needs it. A producer joins its consumers'
+group when all its consumers are in one group of the same element count and it is not a graph
+output. When the consumers sit in several loop groups over the same domain with no path
+between them, those groups are merged first (multi-output fusion), so a value needed by both
+the forward and the backward pass is computed once, in one loop, never stored.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..ir import OPS, Eqn, Graph, Lit, Var, dce
+
+FUSIBLE = {"unary", "binary", "compare", "select", "shape", "create"} | {"take"}
+REDUCE = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"}
+ARG_REDUCE = {"argmax", "argmin"}
+
+
+def fusible(e: Eqn) -> bool:
+    return e.op == "take" or (OPS[e.op].kind in FUSIBLE and e.op != "scatter_add")
+
+
+@dataclass(eq=False)
+class Group:
+    kind: str                      # loop | argreduce | matmul | scatter_add
+    domain: tuple[int, ...]
+    eqns: list[Eqn] = field(default_factory=list)
+    roots: list[Var] = field(default_factory=list)        # elementwise values it stores
+    reductions: list[Eqn] = field(default_factory=list)   # reductions over the domain
+    operands: list[tuple] = field(default_factory=list)   # matmul: (atom, transposed)
+    gid: int = 0
+    members: int = 0               # bitset of the original group ids merged into this one
+    desc: int = 0                  # bitset of group ids downstream of this one
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.domain)
+
+    def first(self) -> int:
+        return min(self.order) if self.order else 0
+
+    order: list[int] = field(default_factory=list)         # eqn positions, for scheduling
+
+
+@dataclass
+class Plan:
+    graph: Graph
+    groups: list[Group]            # in execution order
+    materialised: set[int]         # ids of vars that live in buffers
+
+
+def alias_custom_vjp(graph: Graph) -> Graph:
+    """custom_vjp_call's outputs are its last inputs: rename uses, drop the equation."""
+    subst: dict[int, object] = {}
+    eqns = []
+
+    def read(a):
+        while isinstance(a, Var) and a.id in subst:
+            a = subst[a.id]
+        return a
+
+    for e in graph.eqns:
+        ins = [read(a) for a in e.inputs]
+        if e.op == "custom_vjp_call":
+            k = e.params["n_args"] + e.params["n_res"]
+            for v, a in zip(e.outvars, ins[k:]):
+                subst[v.id] = a
+            continue
+        eqns.append(Eqn(e.op, ins, e.outvars, e.params, e.source))
+    return dce(Graph(graph.invars, eqns, [read(a) for a in graph.outvars],
+                     graph.constvars, graph.consts))
+
+
+def _matmul_operands(e: Eqn, producers: dict[int, Eqn]) -> list[tuple]:
+    """Read a transpose of the last two axes as a transposed GEMM operand, not a copy."""
+    ops = []
+    for a in e.inputs:
+        t = producers.get(a.id) if isinstance(a, Var) else None
+        if t is not None and t.op == "transpose" and len(t.params["perm"]) >= 2:
+            perm = t.params["perm"]
+            n = len(perm)
+            if perm == tuple(range(n - 2)) + (n - 1, n - 2) and isinstance(t.inputs[0], Var):
+                ops.append((t.inputs[0], True))
+                continue
+        ops.append((a, False))
+    return ops
+
+
+class _Planner:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.groups: list[Group] = []
+        self.group_of: dict[int, Group] = {}     # id(eqn) -> group
+        self.outputs = {a.id for a in graph.outvars if isinstance(a, Var)}
+        self.producers = {v.id: e for e in graph.eqns for v in e.outvars}
+        self.matmul_ops = {id(e): _matmul_operands(e, self.producers)
+                           for e in graph.eqns if e.op == "matmul"}
+        self.uses: dict[int, list[Eqn]] = {}
+        for e in graph.eqns:
+            atoms = ([a for a, _ in self.matmul_ops[id(e)]] if e.op == "matmul"
+                     else e.inputs)
+            for a in atoms:
+                if isinstance(a, Var):
+                    self.uses.setdefault(a.id, []).append(e)
+
+    def new_group(self, kind: str, domain: tuple, consumers: list[Group]) -> Group:
+        g = Group(kind, tuple(domain), gid=len(self.groups))
+        g.members = 1 << g.gid
+        for c in consumers:
+            g.desc |= c.members | c.desc
+        self.groups.append(g)
+        return g
+
+    def add(self, g: Group, e: Eqn, pos: int) -> None:
+        g.eqns.append(e)
+        g.order.append(pos)
+        self.group_of[id(e)] = g
+
+    def merge(self, keep: Group, gone: Group) -> None:
+        keep.eqns += gone.eqns
+        keep.order += gone.order
+        keep.roots += gone.roots
+        keep.reductions += gone.reductions
+        keep.members |= gone.members
+        keep.desc |= gone.desc
+        for e in gone.eqns:
+            self.group_of[id(e)] = keep
+        gone.kind = "dead"
+        for other in self.groups:   # whoever reached either now reaches all of the merged
+            if other.kind != "dead" and other.desc & keep.members:
+                other.desc |= keep.desc | keep.members
+
+    def consumer_groups(self, v: Var) -> list[Group]:
+        out: list[Group] = []
+        for c in self.uses.get(v.id, []):
+            g = self.group_of.get(id(c))   # None: the consumer is dead
+            if g is not None and g not in out:
+                out.append(g)
+        return out
+
+    def fuse_target(self, v: Var, cgs: list[Group]) -> Group | None:
+        if v.id in self.outputs or not cgs:
+            return None
+        if any(g.kind not in ("loop", "argreduce") or g.size != v.aval.size for g in cgs):
+            return None
+        if len(cgs) == 1:
+            return cgs[0]
+        if any(g.kind != "loop" or g.domain != cgs[0].domain for g in cgs):
+            return None
+        for g in cgs:
+            for h in cgs:
+                if g is not h and g.desc & h.members:
+                    return None
+        for g in cgs[1:]:
+            self.merge(cgs[0], g)
+        return cgs[0]
+
+    def run(self) -> Plan:
+        eqns = self.graph.eqns
+        for pos in range(len(eqns) - 1, -1, -1):
+            e = eqns[pos]
+            cgs = [g for v in e.outvars for g in self.consumer_groups(v)]
+            if not cgs and not any(v.id in self.outputs for v in e.outvars):
+                continue
+            if e.op in REDUCE:
+                g = self.new_group("loop", e.inputs[0].aval.shape, cgs)
+                g.reductions.append(e)
+            elif e.op in ARG_REDUCE:
+                g = self.new_group("argreduce", e.inputs[0].aval.shape, cgs)
+                g.reductions.append(e)
+            elif e.op in ("matmul", "scatter_add"):
+                g = self.new_group(e.op, e.out.aval.shape, cgs)
+                g.operands = self.matmul_ops.get(id(e), [])
+            elif fusible(e):
+                g = self.fuse_target(e.out, cgs)
+                if g is None:
+                    g = self.new_group("loop", e.out.aval.shape, cgs)
+                    g.roots.append(e.out)
+            else:
+                raise NotImplementedError(f"native backend cannot lower {e.op}")
+            self.add(g, e, pos)
+        return self.schedule()
+
+    def schedule(self) -> Plan:
+        live = [g for g in self.groups if g.kind != "dead"]
+        materialised = {v.id for v in self.graph.invars} | {v.id for v in self.graph.constvars}
+        for g in live:
+            g.eqns = [e for _, e in sorted(zip(g.order, g.eqns), key=lambda t: t[0])]
+            g.order.sort()
+            if g.kind != "loop":
+                materialised.update(v.id for e in g.eqns for v in e.outvars)
+            materialised.update(v.id for v in g.roots)
+            materialised.update(e.out.id for e in g.reductions)
+        # Kahn's algorithm, taking the group whose first equation comes first
+        writer = {}
+        for g in live:
+            for e in g.eqns:
+                for v in e.outvars:
+                    if v.id in materialised:
+                        writer[v.id] = g
+        deps = {id(g): set() for g in live}
+        for g in live:
+            for e in g.eqns:
+                atoms = ([a for a, _ in g.operands] if e.op == "matmul" else e.inputs)
+                for a in atoms:
+                    w = writer.get(a.id) if isinstance(a, Var) else None
+                    if w is not None and w is not g:
+                        deps[id(g)].add(id(w))
+        import heapq
+        by_id = {id(g): g for g in live}
+        users: dict[int, list[int]] = {id(g): [] for g in live}
+        for k, ds in deps.items():
+            for d in ds:
+                users[d].append(k)
+        count = {k: len(ds) for k, ds in deps.items()}
+        ready = [(by_id[k].first(), k) for k, c in count.items() if c == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            _, k = heapq.heappop(ready)
+            order.append(by_id[k])
+            for u in users[k]:
+                count[u] -= 1
+                if count[u] == 0:
+                    heapq.heappush(ready, (by_id[u].first(), u))
+        if len(order) != len(live):
+            raise AssertionError("fusion produced a cyclic schedule")
+        return Plan(self.graph, order, materialised)
+
+
+def plan_graph(graph: Graph) -> Plan:
+    """Alias custom_vjp outputs, drop dead code, and partition into ordered groups."""
+    return _Planner(alias_custom_vjp(graph)).run()
+
+
+__all__ = ["ARG_REDUCE", "REDUCE", "Group", "Plan", "fusible", "plan_graph", "Lit"]

@@ -1,0 +1,8 @@
+"""Native execution: target machine, LLJIT, compile cache (memory + disk), the native call."""
+from . import stats
+from .cache import cache_dir, clear_memory_cache, compile_graph, run_graph
+from .executable import Executable
+from .pool import num_threads, set_num_threads
+
+__all__ = ["Executable", "cache_dir", "clear_memory_cache", "compile_graph", "num_threads",
+           "run_graph", "set_num_threads", "stats"]

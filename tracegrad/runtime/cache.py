@@ -1,0 +1,171 @@
+"""The compile cache: in memory (LRU; evicted code is unloaded) and on disk (object code).
+
+Disk entries are keyed by the graph's structural hash, the host target (CPU name and
+features) and the tracegrad version. An entry is `MAGIC + sha256(payload) + payload` with
+payload = layout JSON length, layout JSON, object code; it is written to a temporary file
+and renamed into place, so readers never see a partial entry. A corrupt or truncated entry
+is reported with a warning and rebuilt."""
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+import struct
+import tempfile
+import threading
+import warnings
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import __version__
+from ..codegen import ENTRY, Layout
+from ..ir import Graph, structural_hash
+from . import stats
+from .blas import gemm_addresses
+from .compiler import compile_object, optimised_module
+from .executable import Executable
+from .jit import load_object
+from .target import emit_assembly, target_id
+
+MAGIC = b"TGOBJ001"
+BACKEND_REVISION = "1"    # bump when codegen changes what a graph compiles to
+
+
+def cache_dir() -> str:
+    return os.environ.get("TRACEGRAD_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "tracegrad")
+
+
+def memory_limit() -> int:
+    return int(os.environ.get("TRACEGRAD_CACHE_SIZE", "256"))
+
+
+def disk_enabled() -> bool:
+    return os.environ.get("TRACEGRAD_DISK_CACHE", "1") not in ("0", "")
+
+
+def cache_key(graph: Graph) -> str:
+    use_blas = gemm_addresses()[0] != 0
+    text = "|".join([structural_hash(graph), target_id(), __version__, BACKEND_REVISION,
+                     f"blas={use_blas}"])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def entry_path(key: str) -> str:
+    return os.path.join(cache_dir(), key[:2], key + ".tgo")
+
+
+def _read_entry(path: str) -> tuple[bytes, Layout] | None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        warnings.warn(f"tracegrad: cannot read cache entry {path}: {e}; recompiling")
+        return None
+    try:
+        if data[:8] != MAGIC:
+            raise ValueError("bad magic")
+        digest, payload = data[8:40], data[40:]
+        if hashlib.sha256(payload).digest() != digest:
+            raise ValueError("checksum mismatch (truncated or corrupt)")
+        (n,) = struct.unpack("<Q", payload[:8])
+        layout = Layout.from_json(json.loads(payload[8:8 + n]))
+        return payload[8 + n:], layout
+    except Exception as e:
+        warnings.warn(f"tracegrad: ignoring corrupt cache entry {path} ({e}); recompiling")
+        return None
+
+
+def _write_entry(path: str, obj: bytes, layout: Layout) -> None:
+    meta = json.dumps(layout.to_json()).encode()
+    payload = struct.pack("<Q", len(meta)) + meta + obj
+    data = MAGIC + hashlib.sha256(payload).digest() + payload
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as e:
+        warnings.warn(f"tracegrad: cannot write cache entry {path}: {e}")
+
+
+def _code_text(graph: Graph, mod_holder: list) -> Any:
+    def text(what: str) -> str:
+        if not mod_holder:   # loaded from disk: rebuild the module (no recompile of code)
+            mod_holder.append(optimised_module(graph, gemm_addresses()[0] != 0)[1])
+        mod = mod_holder[0]
+        return str(mod) if what == "llvm_ir" else emit_assembly(mod)
+    return text
+
+
+def compile_graph(graph: Graph) -> Executable:
+    """Compile `graph` (or load its object code from the disk cache) into an Executable."""
+    key = cache_key(graph)
+    hit = _memory.get(key)
+    if hit is not None:
+        stats.memory_hits += 1
+        return hit
+    exe = _build(graph, key)
+    _memory.put(key, exe)
+    return exe
+
+
+def _build(graph: Graph, key: str) -> Executable:
+    path = entry_path(key)
+    found = _read_entry(path) if disk_enabled() else None
+    holder: list = []
+    if found is not None:
+        obj, layout = found
+        stats.disk_hits += 1
+    else:
+        obj, layout, mod = compile_object(graph, key, gemm_addresses()[0] != 0)
+        holder.append(mod)
+        if disk_enabled():
+            _write_entry(path, obj, layout)
+    tracker, addr = load_object(obj, ENTRY)
+    return Executable(graph, layout, addr, tracker, key, _code_text(graph, holder))
+
+
+def run_graph(graph: Graph, args: Sequence[Any]) -> list[np.ndarray]:
+    """Run `graph` natively on `args`, compiling it the first time it is seen."""
+    return compile_graph(graph)(args)
+
+
+class _LRU:
+    def __init__(self) -> None:
+        self.items: collections.OrderedDict[str, Executable] = collections.OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: str) -> Executable | None:
+        with self.lock:
+            exe = self.items.get(key)
+            if exe is not None:
+                self.items.move_to_end(key)
+            return exe
+
+    def put(self, key: str, exe: Executable) -> None:
+        with self.lock:
+            self.items[key] = exe
+            while len(self.items) > max(memory_limit(), 1):
+                # dropping the last reference releases the tracker: the code is unloaded
+                self.items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.items.clear()
+
+
+_memory = _LRU()
+
+
+def clear_memory_cache() -> None:
+    _memory.clear()

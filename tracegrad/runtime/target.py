@@ -1,0 +1,54 @@
+"""The host target: LLVM initialisation, the TargetMachine, the O3 pipeline and code emission."""
+from __future__ import annotations
+
+import functools
+import hashlib
+
+import llvmlite.binding as llvm
+
+
+@functools.cache
+def _init() -> None:
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+
+
+@functools.cache
+def target_machine() -> llvm.TargetMachine:
+    _init()
+    target = llvm.Target.from_triple(llvm.get_process_triple())
+    return target.create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
+        opt=3, reloc="pic", codemodel="jitdefault")
+
+
+@functools.cache
+def target_id() -> str:
+    """What object code depends on besides the IR: triple, CPU and its features."""
+    _init()
+    feats = llvm.get_host_cpu_features().flatten()
+    text = f"{llvm.get_process_triple()}|{llvm.get_host_cpu_name()}|{feats}|{llvm.llvm_version_info}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def optimise(ir_text: str, speed: int = 3) -> llvm.ModuleRef:
+    """Parse and run the new-pass-manager pipeline with loop and SLP vectorisation."""
+    tm = target_machine()
+    mod = llvm.parse_assembly(ir_text)
+    mod.triple = llvm.get_process_triple()
+    mod.data_layout = str(tm.target_data)
+    pto = llvm.create_pipeline_tuning_options(speed_level=speed)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pto.loop_unrolling = True
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return mod
+
+
+def emit_object(mod: llvm.ModuleRef) -> bytes:
+    return target_machine().emit_object(mod)
+
+
+def emit_assembly(mod: llvm.ModuleRef) -> str:
+    return target_machine().emit_assembly(mod)
