@@ -8,6 +8,7 @@ is reported with a warning and rebuilt."""
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import json
 import os
@@ -30,7 +31,19 @@ from .jit import load_object
 from .target import emit_assembly, target_id
 
 MAGIC = b"TGOBJ001"
-BACKEND_REVISION = "1"    # bump when codegen changes what a graph compiles to
+
+
+@functools.cache
+def backend_revision() -> str:
+    """A digest of the code generator's source: editing it invalidates cached object code."""
+    from .. import codegen
+    h = hashlib.sha256()
+    folder = os.path.dirname(codegen.__file__)
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py"):
+            with open(os.path.join(folder, name), "rb") as f:
+                h.update(name.encode() + f.read())
+    return h.hexdigest()[:16]
 
 
 def cache_dir() -> str:
@@ -48,7 +61,7 @@ def disk_enabled() -> bool:
 
 def cache_key(graph: Graph) -> str:
     use_blas = gemm_addresses()[0] != 0
-    text = "|".join([structural_hash(graph), target_id(), __version__, BACKEND_REVISION,
+    text = "|".join([structural_hash(graph), target_id(), __version__, backend_revision(),
                      f"blas={use_blas}"])
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -40,7 +40,7 @@ def optimise(ir_text: str, speed: int = 3) -> llvm.ModuleRef:
     pto = llvm.create_pipeline_tuning_options(speed_level=speed)
     pto.loop_vectorization = True
     pto.slp_vectorization = True
-    pto.loop_unrolling = True
+    pto.loop_unrolling = False   # full unrolls of short loops cost 4x compile time, no speed
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
     return mod
