@@ -57,6 +57,7 @@ class Builder:
         self.captured: list[Traced] = []          # outer values this graph reads
         self._capture_vars: dict[int, Var] = {}   # id(outer Traced) -> our input var
         self.capture_invars: list[Var] = []
+        self.weak_inputs: set[int] = set()        # ids of inputs passed as Python scalars
         self.source_override: str | None = None
         self.done = False
 

@@ -33,9 +33,20 @@ def shape_of(x: Any) -> tuple[int, ...]:
     return x.shape if isinstance(x, Traced) else np.shape(x)
 
 
+def _weak(x: Any) -> Any:
+    """`x` if it is a Python scalar, a stand-in scalar if it is a traced input that was passed
+    as one (weakly typed, as in JAX), else None."""
+    if isinstance(x, _WEAK) and not isinstance(x, np.generic):
+        return x
+    if isinstance(x, Traced) and getattr(x.atom, "id", None) in x.builder.weak_inputs:
+        return {"f": 0.0, "i": 0, "b": False}.get(x.dtype.kind)
+    return None
+
+
 def result_dtype(*xs: Any) -> np.dtype:
-    weak = [x for x in xs if isinstance(x, _WEAK) and not isinstance(x, np.generic)]
-    strong = [dtype_of(x) for x in xs if not any(x is w for w in weak)]
+    weak_of = [_weak(x) for x in xs]
+    weak = [w for w in weak_of if w is not None]
+    strong = [dtype_of(x) for x, w in zip(xs, weak_of) if w is None]
     if not strong:
         if any(isinstance(w, float) for w in weak):
             return float32

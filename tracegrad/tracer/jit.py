@@ -82,7 +82,9 @@ class Jitted:
         self.cache: dict[Any, _Entry] = {}
         self._last_key: Any = None
         self._fast: dict[Any, _Entry] = {}
-        functools.update_wrapper(self, f)
+        # updated=(): copying f.__dict__ would let a callable object's attributes
+        # (a `cache`, an `f`) overwrite ours
+        functools.update_wrapper(self, f, updated=())
 
     def _split(self, args: tuple) -> tuple[list[Any], list[Any], TreeDef]:
         static = self.static

@@ -57,6 +57,10 @@ def trace(fn: Callable, args: Sequence[Any], static_argnums: Sequence[int] = ())
     leaves, in_tree = flatten_args(dyn)
     b = Builder(getattr(fn, "__name__", "fn"))
     inputs = [b.new_input(aval_of_leaf(x)) for x in leaves]
+    # Python scalar arguments stay weakly typed: `x * n` keeps x's dtype for an int n
+    raw = tree_flatten(tuple(dyn))[0]
+    b.weak_inputs.update(t.atom.id for t, r in zip(inputs, raw)
+                         if isinstance(r, (bool, int, float)) and not isinstance(r, np.generic))
     dyn_args = tree_unflatten(in_tree, inputs)
     it = iter(dyn_args)
     call_args = [a if i in static else next(it) for i, a in enumerate(args)]

@@ -12,7 +12,7 @@ from .. import ir
 from ..ir import emit as E
 from ..ir.builder import Builder
 from .pytree import tree_flatten, tree_unflatten
-from .trace import call_graph, flatten_args, trace
+from .trace import aval_of_leaf, call_graph, flatten_args, trace
 
 
 def _argnums(argnums: int | Sequence[int], nargs: int, fname: str) -> tuple[int, ...]:
@@ -133,7 +133,7 @@ def vjp(f: Callable, *primals: Any, has_aux: bool = False) -> tuple:
                                  f"output shape {o.aval.shape}")
         b = Builder("vjp")
         ins = [b.new_input(v.aval) for v in g.invars]
-        cts = [b.new_input(o.aval) for o in g.outvars[:len(ct_vals)]]
+        cts = [b.new_input(aval_of_leaf(c)) for c in ct_vals]   # converted to the outputs' dtypes
         with b.active():
             cts = [E.convert(c, o.aval.dtype) for c, o in zip(cts, g.outvars)]
         wrt = [i for r in ranges for i in r if ir.is_float(ir.emit.dtype_of(leaves[i]))]
