@@ -30,8 +30,9 @@ def row_major_strides(shape: Sequence[int]) -> list[int]:
 
 
 def slice_range(dim: int, s: tuple) -> range:
-    """The positions a (start, stop, step) entry selects, with Python slice semantics."""
-    return range(dim)[slice(*s)]
+    """The positions a (start, stop, step) entry selects: `range(*s)`, as the shape rule
+    (the tracer normalises with slice.indices, so x[::-1] is (n-1, -1, -1))."""
+    return range(*s)
 
 
 class ElementReader:

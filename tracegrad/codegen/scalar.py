@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 import numpy as np
 from llvmlite import ir
 
-from .dtypes import F64, I1, I64, const, is_bool, is_float, reg_type
+from .dtypes import F32, F64, I1, I64, const, is_bool, is_float, reg_type
 
 TRANSCENDENTAL = {"exp", "log", "log1p", "expm1", "sin", "cos", "tan", "tanh", "logistic",
                   "erf", "pow"}
@@ -30,7 +30,9 @@ def module_of(b: ir.IRBuilder) -> ir.Module:
 
 
 def intrinsic(b: ir.IRBuilder, name: str, args: Sequence[ir.Value]) -> ir.Value:
-    fn = module_of(b).declare_intrinsic(name, [args[0].type])
+    t = args[0].type   # llvmlite only knows some intrinsics' arity: spell the type out
+    fnty = ir.FunctionType(t, [t] * len(args))
+    fn = module_of(b).declare_intrinsic(name, [t], fnty)
     return b.call(fn, list(args))
 
 
@@ -101,8 +103,10 @@ def _convert(b: ir.IRBuilder, x: ir.Value, src: np.dtype, dst: np.dtype) -> ir.V
     if is_float(src) and is_float(dst):
         return b.fpext(x, dt) if dt == F64 else b.fptrunc(x, dt)
     if is_float(src):
-        # out-of-range and NaN are poison in LLVM; freeze keeps them an arbitrary value
-        return b.freeze(b.fptosi(x, dt))
+        # plain fptosi is poison out of range; the saturating form is defined everywhere
+        name = f"llvm.fptosi.sat.i{dt.width}.{'f32' if st == F32 else 'f64'}"
+        fn = module_of(b).declare_intrinsic(name, (), ir.FunctionType(dt, [st]))
+        return b.call(fn, [x])
     if is_float(dst):
         return b.uitofp(x, dt) if is_bool(src) else b.sitofp(x, dt)
     if is_bool(src):

@@ -1,0 +1,255 @@
+"""Every primitive compiled natively vs the reference interpreter: dtypes, broadcasting,
+0-d and 0-size operands, NaN/inf. Ops are grouped into few graphs to keep compiles cheap."""
+import numpy as np
+import pytest
+
+from tracegrad import ir, runtime
+from tracegrad.ir import emit as E
+
+F32, F64, I32, I64, BOOL = (np.dtype(t) for t in ("float32", "float64", "int32", "int64",
+                                                  "bool"))
+RNG = np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_disk_cache():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TRACEGRAD_DISK_CACHE", "0")
+    yield
+    mp.undo()
+
+
+def build(fn, *avals):
+    b = ir.Builder()
+    xs = [b.new_input(ir.Aval(tuple(s), np.dtype(d))) for s, d in avals]
+    with b.active():
+        out = fn(*xs)
+    return b.build(list(out) if isinstance(out, (list, tuple)) else [out])
+
+
+def rand(shape, dtype):
+    dtype = np.dtype(dtype)
+    if dtype == BOOL:
+        return RNG.random(shape) < 0.5
+    if dtype.kind == "i":
+        return RNG.integers(-9, 10, size=shape).astype(dtype)
+    return (RNG.standard_normal(shape) * 2).astype(dtype)
+
+
+def check(graph, args, rtol=None, atol=None):
+    ref = ir.interpret(graph, args)
+    out = runtime.compile_graph(graph)(args)
+    assert len(out) == len(ref)
+    for k, (r, o) in enumerate(zip(ref, out)):
+        assert o.shape == r.shape and o.dtype == r.dtype, (k, o.shape, r.shape, o.dtype)
+        if r.dtype.kind == "f":
+            tol = 3e-6 if r.dtype == F32 else 1e-13
+            np.testing.assert_allclose(o, r, rtol=rtol or tol, atol=atol or tol,
+                                       equal_nan=True, err_msg=f"output {k}")
+        else:
+            np.testing.assert_array_equal(o, r, err_msg=f"output {k}")
+    return out
+
+
+SHAPES = [(), (0,), (7,), (3, 5), (2, 3, 17)]
+FLOAT_UNARY = ["exp", "log", "log1p", "expm1", "sin", "cos", "tan", "tanh", "sigmoid",
+               "sqrt", "erf", "neg", "abs", "sign", "stop_gradient"]
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_float_unary(dtype, shape):
+    g = build(lambda x: [getattr(E, op)(x) for op in FLOAT_UNARY], (shape, dtype))
+    check(g, [rand(shape, dtype)])
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_float_unary_special_values(dtype):
+    x = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 80.0, -80.0, 1e4,
+                  -1e4, 0.5, -0.5, 3.0], dtype)
+    g = build(lambda x: [getattr(E, op)(x) for op in FLOAT_UNARY], (x.shape, dtype))
+    check(g, [x], rtol=1e-5 if dtype == F32 else 1e-12, atol=1e-30)
+
+
+@pytest.mark.parametrize("dtype", [I32, I64])
+def test_int_unary(dtype):
+    g = build(lambda x: [E.neg(x), E.abs(x), E.sign(x)], ((4, 6), dtype))
+    check(g, [rand((4, 6), dtype)])
+
+
+def test_not_and_convert():
+    dts = [F32, F64, I32, I64, BOOL]
+    g = build(lambda *xs: [E.logical_not(xs[4])] + [E.convert(x, d) for x in xs for d in dts],
+              *[((3, 4), d) for d in dts])
+    args = [rand((3, 4), d) for d in dts]
+    args[0][0, 0] = 0.0
+    check(g, args)
+
+
+BINARY = ["add", "sub", "mul", "maximum", "minimum", "pow"]
+PAIRS = [((3, 4), (4,)), ((2, 1, 5), (3, 1)), ((), (4,)), ((0, 3), (3,)), ((5,), ()),
+         ((1,), (6, 1))]
+
+
+@pytest.mark.parametrize("dtype", [F32, F64, I32, I64])
+@pytest.mark.parametrize("sx,sy", PAIRS)
+def test_binary_broadcasting(dtype, sx, sy):
+    ops = BINARY + ["floor_divide"] + (["div"] if dtype.kind == "f" else [])
+    g = build(lambda x, y: [getattr(E, op)(x, y) for op in ops], (sx, dtype), (sy, dtype))
+    x, y = rand(sx, dtype), rand(sy, dtype)
+    if dtype.kind == "i":
+        y = np.abs(y) % 4 if np.ndim(y) else np.asarray(abs(int(y)) % 4, dtype)
+    else:
+        x = np.abs(x)
+    check(g, [x, y])
+
+
+def test_int_division_edge_cases():
+    for dt in (I32, I64):
+        mn = np.iinfo(dt).min
+        x = np.array([7, -7, 7, -7, 5, mn, mn, 0, 3], dt)
+        y = np.array([2, 2, -2, -2, 0, -1, 1, 0, 7], dt)
+        g = build(lambda a, b: [E.floor_divide(a, b), E.pow(a, b)], (x.shape, dt),
+                  (y.shape, dt))
+        check(g, [x, y])
+
+
+def test_literals_and_bool_arithmetic():
+    g = build(lambda x, p, q: [x * 2.5 + 1.0, 3.0 - x, E.add(p, q), E.mul(p, q),
+                               E.maximum(p, q), E.minimum(p, q)],
+              ((4,), F32), ((4,), BOOL), ((4,), BOOL))
+    check(g, [rand((4,), F32), rand((4,), BOOL), rand((4,), BOOL)])
+
+
+@pytest.mark.parametrize("dtype", [F32, I64, BOOL])
+def test_compare_logical_select(dtype):
+    cmp = ["less", "less_equal", "greater", "greater_equal", "equal", "not_equal"]
+
+    def f(x, y, c):
+        outs = [getattr(E, op)(x, y) for op in cmp]
+        outs += [E.logical_and(outs[0], c), E.logical_or(outs[1], c), E.where(c, x, y)]
+        return outs
+    g = build(f, ((3, 4), dtype), ((4,), dtype), ((3, 1), BOOL))
+    x, y = rand((3, 4), dtype), rand((4,), dtype)
+    x[0] = y
+    if dtype == F32:
+        x[1, 1] = np.nan
+    check(g, [x, y, rand((3, 1), BOOL)])
+
+
+AXES = [(0,), (1,), (2,), (0, 1), (1, 2), (0, 2), (0, 1, 2)]
+
+
+@pytest.mark.parametrize("dtype", [F32, F64, I32, BOOL])
+def test_reductions(dtype):
+    ops = ["reduce_sum", "reduce_max", "reduce_min"] + (["reduce_prod"] if dtype != BOOL
+                                                         else [])
+    g = build(lambda x: [getattr(E, op)(x, ax) for op in ops for ax in AXES],
+              ((3, 4, 33), dtype))
+    x = rand((3, 4, 33), dtype)
+    if dtype.kind == "f":
+        x = (x * 0.5 + 1).astype(dtype)
+        x[1, 2, 3] = np.nan
+    check(g, [x], rtol=1e-5 if dtype == F32 else None)
+
+
+def test_reductions_zero_size_and_scalar():
+    g = build(lambda x, s: [E.reduce_sum(x, (0,)), E.reduce_prod(x, (0, 1)),
+                            E.reduce_sum(x, (1,)), E.reduce_sum(E.reshape(s, (1,)), (0,))],
+              ((0, 3), F32), ((), F32))
+    check(g, [np.zeros((0, 3), F32), np.float32(2.5)])
+
+
+@pytest.mark.parametrize("dtype", [F32, I32, BOOL])
+def test_argmax_argmin(dtype):
+    g = build(lambda x: [E.argmax(x, a) for a in range(3)] + [E.argmin(x, a) for a in range(3)]
+              + [E.argmax(E.exp(x) if dtype == F32 else x, 2)], ((3, 4, 5), dtype))
+    x = rand((3, 4, 5), dtype)
+    if dtype != BOOL:
+        x = x // 3 if dtype.kind == "i" else np.round(x)   # ties: the first one wins
+    if dtype == F32:
+        x[0, 1, 2] = np.nan
+        x[2, 3, 0] = np.nan
+    check(g, [x])
+
+
+def test_shape_ops():
+    def f(x, y):
+        return [E.reshape(x, (6, 2, 5)), E.reshape(x, (3, 20)), E.reshape(x, (2, 3, 1, 2, 5)),
+                E.transpose(x, (2, 0, 1)), E.broadcast_to(y, (2, 3, 4, 5)),
+                E.slice_(x, ((1, 3, 1), (3, 0, -1), (0, 5, 2))),
+                E.slice_(x, ((0, 3, 1), (0, 4, 1), (4, 0, -2))),
+                E.pad_slice(y, (5, 10), ((1, 5, 1), (1, 10, 2))),
+                E.pad_slice(y, (5, 5), ((4, 0, -1), (0, 5, 1))),
+                E.concatenate([x, x * 2.0, E.slice_(x, ((0, 3, 1), (0, 4, 1), (0, 1, 1)))], 2),
+                E.concatenate([E.reshape(y, (1, 4, 5)), E.full((2, 4, 5), 0.0, F32)], 0),
+                E.transpose(E.reshape(E.exp(x), (12, 5)), (1, 0))]
+    g = build(f, ((3, 4, 5), F32), ((4, 5), F32))
+    # pad_slice needs operands of the slice's shape
+    x, y = rand((3, 4, 5), F32), rand((4, 5), F32)
+    check(g, [x, y])
+
+
+def test_take_and_scatter_add():
+    def f(x, i, j):
+        return [E.take(x, i, 0), E.take(x, j, 1), E.take(E.exp(x), i, 1) * 2.0,
+                E.scatter_add(E.take(x, i, 0), i, 0, 5),
+                E.scatter_add(E.take(x, j, 1), j, 1, 6)]
+    g = build(f, ((5, 6), F32), ((7,), I64), ((2, 3), I32))
+    i = np.array([0, 4, -1, 2, 2, 0, 3], np.int64)
+    j = np.array([[0, 5, 1], [1, 1, -6]], np.int32)
+    check(g, [rand((5, 6), F32), i, j])
+
+
+MATMUL_SHAPES = [((5,), (5,)), ((3, 5), (5,)), ((5,), (5, 4)), ((3, 5), (5, 4)),
+                 ((2, 3, 5), (2, 5, 4)), ((64, 70), (70, 40)), ((0, 5), (5, 3)),
+                 ((3, 0), (0, 4))]
+
+
+@pytest.mark.parametrize("dtype", [F32, F64, I64])
+def test_matmul(dtype):
+    shapes = MATMUL_SHAPES
+    g = build(lambda *xs: [E.matmul(xs[i], xs[i + 1]) for i in range(0, len(xs), 2)],
+              *[(s, dtype) for pair in shapes for s in pair])
+    args = [rand(s, dtype) for pair in shapes for s in pair]
+    check(g, args, rtol=1e-5 if dtype == F32 else None, atol=1e-4 if dtype == F32 else None)
+
+
+@pytest.mark.parametrize("m,k,n", [(4, 3, 5), (128, 64, 96)])
+def test_matmul_transposed_operands(m, k, n):
+    g = build(lambda a, b: [E.transpose(a, (1, 0)) @ E.transpose(b, (1, 0)),
+                            E.transpose(a, (1, 0)) @ E.reshape(b, (k, n))],
+              ((k, m), F32), ((n, k), F32))
+    check(g, [rand((k, m), F32), rand((n, k), F32)], rtol=1e-5, atol=1e-4)
+
+
+def test_create_ops():
+    def f(seed):
+        return [E.iota((3, 4), 1, I32), E.iota((5, 2), 0, F32), E.full((2, 3), 1.5, F64),
+                E.full((), 7, I64), ir.bind("random", seed, shape=(1000,), dist="uniform",
+                                            dtype=F32),
+                ir.bind("random", seed, shape=(10, 30), dist="normal", dtype=F64),
+                ir.bind("random", seed, shape=(4, 5), dist="normal", dtype=F32)]
+    g = build(f, ((), I64))
+    out = check(g, [np.int64(1234)])
+    ref = ir.interpret(g, [np.int64(1234)])
+    np.testing.assert_array_equal(out[4], ref[4])   # uniform draws are bit-exact
+
+
+def test_custom_vjp_call_is_identity_on_outputs():
+    def f(x, r):
+        y = E.exp(x)
+        (o,) = ir.bind("custom_vjp_call", x, r, y, n_args=1, n_res=1, bwd=None)
+        return [o * 2.0, o]
+    g = build(f, ((3,), F32), ((3,), F32))
+    check(g, [rand((3,), F32), rand((3,), F32)])
+
+
+def test_outputs_that_are_inputs_literals_or_repeated():
+    b = ir.Builder()
+    x = b.new_input(ir.Aval((3,), F32))
+    with b.active():
+        y = E.exp(x)
+    g = b.build([x, y, y, 2.0])
+    out = check(g, [rand((3,), F32)])
+    assert out[1] is not out[2]
