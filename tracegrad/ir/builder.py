@@ -169,6 +169,12 @@ def bind(op: str, *args: Any, **params: Any) -> Any:
             if isinstance(a, Traced):
                 b = a.builder
                 break
+        if b is not None and b.done:   # recording into it would silently lose the op
+            src = user_source()
+            raise TracingError(
+                f"{op}: a traced value escaped from a finished trace (stored in a global or "
+                "returned through a side channel) and was used outside it"
+                + (f" (at {src})" if src else "") + "; pass it as an argument instead")
     if b is None:
         arrays = [np.asarray(a) for a in args]
         opdef = OPS[op]
