@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
-from ..ir import Eqn
+from ..ir import OPS, Eqn
 from .dtypes import const, i64, is_bool, is_float, load_elem, reg_type, store_elem
 from .elements import ElementReader
 from .kernel import Kernel
@@ -24,6 +24,7 @@ from .scalar import TRANSCENDENTAL, intrinsic
 MAX_TASKS = 64
 GRAIN = 1 << 16   # work units (elements x op cost) below which a group runs as one task
 
+_ELEMENTWISE = {"unary", "binary", "compare", "select"}
 _COMBINE = {"reduce_sum": "add", "reduce_prod": "mul", "reduce_max": "max",
             "reduce_min": "min"}
 
@@ -172,6 +173,12 @@ def emit_loop_group(k: Kernel, group: Group, producers: dict, p: int, n_tasks: i
             store_elem(b, v, ptr, dt)
 
     def body() -> None:
+        # Evaluate same-shape elementwise members in program order first: each then finds
+        # its operands memoised, so long chains never recurse deeply. Unused values are
+        # removed by LLVM (all of them are pure).
+        for e in group.eqns:
+            if e.out.aval.shape == d and OPS[e.op].kind in _ELEMENTWISE:
+                reads.value(e.out, idx)
         for v in group.roots:
             val = reads.value(v, idx)
             ptr = b.gep(k.ptrs[v.id], [reads.linear(idx, d)], inbounds=True)

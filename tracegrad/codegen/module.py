@@ -18,8 +18,10 @@ from .kernel import KERNEL_TYPE, Kernel
 from .linalg import emit_matmul, emit_scatter_add, gemm_slot, uses_blas
 from .loops import emit_argreduce, emit_combine, emit_loop_group, reductions, split
 from .plan import Group, plan_graph
+from .scalar import OUTLINE_MATH
 
 ENTRY = "tg_entry"
+INLINE_MATH_MIN_SIZE = 4096   # smaller loops call one out-of-line copy of each math function
 FIRST_SLOT = 3
 ALIGN = 64
 PAR_TYPE = ir.FunctionType(VOID, [KERNEL_TYPE.as_pointer(), PTR.as_pointer(), I64])
@@ -170,7 +172,11 @@ class _Lowering:
                 self.new_slot(key, dt, tasks * r.out_size * dt.itemsize)
                 partial_keys[id(r.eqn)] = key
         k = self.kernel(name, reads + writes + list(partial_keys.values()))
-        emit_loop_group(k, group, produced, p, tasks, partial_keys)
+        token = OUTLINE_MATH.set(group.size < INLINE_MATH_MIN_SIZE)
+        try:
+            emit_loop_group(k, group, produced, p, tasks, partial_keys)
+        finally:
+            OUTLINE_MATH.reset(token)
         calls = [(k.finish(), tasks)]
         for j, r in enumerate(reds):
             if r.partial:

@@ -4,6 +4,7 @@ Fused loop bodies are built from these; keeping them branch-free lets the loop v
 turn every fused chain into SIMD code."""
 from __future__ import annotations
 
+import contextvars
 from typing import Callable, Sequence
 
 import numpy as np
@@ -47,8 +48,31 @@ def _libm(b: ir.IRBuilder, name: str, x: ir.Value) -> ir.Value:
     return b.call(fn, [x])
 
 
+# Small loops gain little from vectorisation but pay compile time for every inlined copy of a
+# polynomial: while this is set, math functions are emitted once per module and called.
+OUTLINE_MATH: contextvars.ContextVar[bool] = contextvars.ContextVar("outline", default=False)
+
+
 def math(b: ir.IRBuilder, name: str, args: Sequence[ir.Value]) -> ir.Value:
     """A transcendental function: vecmath's vectorisable code when present, else libm."""
+    if OUTLINE_MATH.get():
+        return b.call(_outlined(module_of(b), name, [a.type for a in args]), list(args))
+    return _inline_math(b, name, args)
+
+
+def _outlined(m: ir.Module, name: str, types: list[ir.Type]) -> ir.Function:
+    fname = f"tg_{name}_{types[0]}"
+    fn = m.globals.get(fname)
+    if fn is None:
+        fn = ir.Function(m, ir.FunctionType(types[0], types), fname)
+        fn.linkage = "internal"
+        fn.attributes.add("noinline")
+        fb = ir.IRBuilder(fn.append_basic_block("entry"))
+        fb.ret(_inline_math(fb, name, list(fn.args)))
+    return fn
+
+
+def _inline_math(b: ir.IRBuilder, name: str, args: Sequence[ir.Value]) -> ir.Value:
     emit = _vecmath()
     if emit is not None:
         return emit(b, name, list(args))
