@@ -74,11 +74,12 @@ def backward_pass(b: Builder, graph: Graph, args: Sequence[Any], cts: Sequence[A
                     grads = VJP[e.op](gs, *ins, out=outs_e, **e.params)
                 else:
                     grads = VJP[e.op](gs[0], *ins, out=outs_e[0], **e.params)
+                # summing into an input used twice is part of this equation's backward
+                for a, g in zip(e.inputs, grads):
+                    if g is not None and not isinstance(a, Lit) and a.id in live:
+                        accumulate(a.id, g)
             finally:
                 b.source_override = None
-            for a, g in zip(e.inputs, grads):
-                if g is not None and not isinstance(a, Lit) and a.id in live:
-                    accumulate(a.id, g)
         grads = []
         for i in wrt:
             v = graph.invars[i]
