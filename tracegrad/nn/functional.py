@@ -35,7 +35,12 @@ def _reduce(loss: Any, reduction: str) -> Any:
 def log_softmax(x: Any, axis: int = -1, dim: int | None = None) -> Any:
     axis = _axis(axis, dim)
     x = E.to_float(tnp._arr(x))
-    return E.sub(x, tnp.logsumexp.raw(x, axis, keepdims=True))
+    # (x - max) - log(sum(exp(x - max))): adding the max back and subtracting it again, as
+    # x - logsumexp(x) does, loses the small term to rounding when the logits are large
+    m = E.stop_gradient(tnp.max.raw(x, axis, keepdims=True))
+    m = E.where(E.less(E.abs(m), math.inf), m, 0.0)    # an all -inf row stays -inf, not nan
+    shifted = E.sub(x, m)
+    return E.sub(shifted, E.log(tnp.sum.raw(E.exp(shifted), axis, keepdims=True)))
 
 
 @op("Softmax")
@@ -53,6 +58,10 @@ def cross_entropy(logits: Any, labels: Any, reduction: str = "mean",
     """Softmax cross-entropy of `logits` [..., C] against integer class `labels` [...]."""
     logits = E.to_float(tnp._arr(logits))
     labels = tnp._arr(labels)
+    ndim = len(E.shape_of(logits))
+    if axis % ndim != ndim - 1:   # the class axis goes last
+        axis %= ndim
+        logits = E.transpose(logits, [i for i in range(ndim) if i != axis] + [axis])
     if not np.issubdtype(E.dtype_of(labels), np.integer):
         raise TypeError(f"cross_entropy: labels must be integer class indices, got "
                         f"{E.dtype_of(labels)}")
@@ -60,7 +69,7 @@ def cross_entropy(logits: Any, labels: Any, reduction: str = "mean",
     if tuple(E.shape_of(labels)) != tuple(shape[:-1]):
         raise ValueError(f"cross_entropy: labels of shape {tuple(E.shape_of(labels))} do not "
                          f"match logits of shape {tuple(shape)} (expected {tuple(shape[:-1])})")
-    logp = log_softmax.raw(logits, axis)
+    logp = log_softmax.raw(logits, -1)
     classes = E.iota(shape, len(shape) - 1, E.dtype_of(labels))
     onehot = E.equal(classes, E.reshape(labels, tuple(shape[:-1]) + (1,)))
     picked = E.reduce_sum(E.where(onehot, logp, 0.0), (len(shape) - 1,))
