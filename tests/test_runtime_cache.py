@@ -1,0 +1,151 @@
+"""The runtime: disk cache reuse across processes, corrupt entries, LRU unloading, dumps and
+compile logs, argument checking and the Executable's attributes."""
+import gc
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import weakref
+
+import numpy as np
+import pytest
+
+from tracegrad import ir, runtime
+from tracegrad.ir import emit as E
+from tracegrad.runtime import cache
+
+F32 = np.dtype("float32")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+GRAPH_SRC = """
+import numpy as np
+from tracegrad import ir
+from tracegrad.ir import emit as E
+
+def make_graph(scale):
+    b = ir.Builder()
+    x = b.new_input(ir.Aval((3, 4), np.dtype("float32")))
+    w = b.new_input(ir.Aval((4, 2), np.dtype("float32")))
+    with b.active():
+        y = E.reduce_sum(E.tanh(x @ w) * scale, (0, 1))
+    return ir.optimize(ir.vjp_graph(b.build([y]), [0, 1]))
+"""
+exec(GRAPH_SRC)   # defines make_graph, shared with the child process below
+
+
+def args():
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal((3, 4)).astype(F32), rng.standard_normal((4, 2)).astype(F32),
+            np.float32(1.0)]
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACEGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TRACEGRAD_DISK_CACHE", "1")
+    runtime.clear_memory_cache()
+    yield tmp_path
+    runtime.clear_memory_cache()
+
+
+def test_second_process_compiles_nothing(cache_dir):
+    g = make_graph(2.0)   # noqa: F821 - defined by exec above
+    before = runtime.stats.compiles
+    expected = runtime.run_graph(g, args())
+    assert runtime.stats.compiles == before + 1
+    child = GRAPH_SRC + textwrap.dedent("""
+        import sys
+        from tracegrad import runtime
+        rng = np.random.default_rng(0)
+        a = [rng.standard_normal((3, 4)).astype("f4"), rng.standard_normal((4, 2)).astype("f4"),
+             np.float32(1.0)]
+        out = runtime.run_graph(make_graph(2.0), a)
+        np.save(sys.argv[1], out[2])
+        print(runtime.stats.compiles, runtime.stats.disk_hits)
+    """)
+    out_file = str(cache_dir / "dw.npy")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    res = subprocess.run([sys.executable, "-c", child, out_file], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["0", "1"]
+    np.testing.assert_array_equal(np.load(out_file), expected[2])
+
+
+def test_corrupt_entry_is_rebuilt_with_a_warning(cache_dir):
+    g = make_graph(3.0)   # noqa: F821
+    expected = runtime.run_graph(g, args())
+    path = cache.entry_path(cache.cache_key(g))
+    data = open(path, "rb").read()
+    for broken in (data[: len(data) // 2], data[:20] + b"x" + data[21:]):
+        with open(path, "wb") as f:
+            f.write(broken)
+        runtime.clear_memory_cache()
+        before = runtime.stats.compiles
+        with pytest.warns(UserWarning, match="corrupt cache entry"):
+            out = runtime.run_graph(g, args())
+        assert runtime.stats.compiles == before + 1
+        for a, b in zip(out, expected):
+            np.testing.assert_array_equal(a, b)
+        assert open(path, "rb").read() == data   # rewritten, atomically, in full
+
+
+def test_memory_cache_is_lru_and_unloads(cache_dir, monkeypatch):
+    monkeypatch.setenv("TRACEGRAD_CACHE_SIZE", "2")
+    monkeypatch.setenv("TRACEGRAD_DISK_CACHE", "0")
+    first = runtime.compile_graph(make_graph(4.0))   # noqa: F821
+    assert runtime.compile_graph(make_graph(4.0)) is first   # noqa: F821
+    ref = weakref.ref(first._tracker)
+    del first
+    runtime.compile_graph(make_graph(5.0))   # noqa: F821
+    runtime.compile_graph(make_graph(6.0))   # noqa: F821
+    gc.collect()
+    assert ref() is None   # evicted: its code was unloaded
+
+
+def test_dump_and_compile_log(cache_dir, monkeypatch, caplog, tmp_path):
+    dump = tmp_path / "dump"
+    monkeypatch.setenv("TRACEGRAD_DUMP", str(dump))
+    monkeypatch.setenv("TRACEGRAD_LOG_COMPILES", "1")
+    monkeypatch.setenv("TRACEGRAD_DISK_CACHE", "0")
+    with caplog.at_level(logging.INFO, logger="tracegrad"):
+        exe = runtime.compile_graph(make_graph(7.0))   # noqa: F821
+    assert any("compiled graph" in r.getMessage() and " ms" in r.getMessage()
+               for r in caplog.records)
+    names = sorted(os.listdir(dump))
+    assert [n.rsplit(".", 1)[-1] for n in names] == ["txt", "ll", "s"] or len(names) == 3
+    assert "tg_entry" in exe.llvm_ir and "tg_entry" in exe.asm
+
+
+def test_argument_checks_and_layouts(cache_dir):
+    g = make_graph(2.0)   # noqa: F821
+    exe = runtime.compile_graph(g)
+    x, w, ct = args()
+    ref = ir.interpret(g, [x, w, ct])
+    with pytest.raises(TypeError, match="argument 0 must be float32"):
+        exe([x.astype(np.float64), w, ct])
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        exe([x, w])
+    big = np.zeros((6, 8), F32)
+    big[::2, ::2] = x
+    odd = [big[::2, ::2], np.asfortranarray(w), ct]                  # strided, Fortran
+    rev = [x[::-1, ::-1].copy()[::-1, ::-1], w[::-1][::-1], ct]     # negative strides
+    for variant in (odd, rev):
+        for a, b in zip(exe(variant), ref):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    o1, o2 = exe([x, w, ct]), exe([x, w, ct])
+    assert all(a is not b and not np.shares_memory(a, b) for a, b in zip(o1, o2))
+
+
+def test_zero_size_and_scalar_graphs(cache_dir):
+    b = ir.Builder()
+    x = b.new_input(ir.Aval((0, 3), F32))
+    s = b.new_input(ir.Aval((), F32))
+    with b.active():
+        outs = [E.exp(x), E.reduce_sum(x, (0,)), s * 2.0, E.reduce_sum(x, (0, 1)) + s]
+    g = b.build(outs)
+    a = [np.zeros((0, 3), F32), np.float32(1.5)]
+    for r, o in zip(ir.interpret(g, a), runtime.run_graph(g, a)):
+        assert r.shape == o.shape and r.dtype == o.dtype
+        np.testing.assert_array_equal(r, o)
