@@ -30,7 +30,7 @@ def build(fn, *avals):
 def check(graph, args, rtol=1e-5, atol=1e-5):
     ref = ir.interpret(graph, args)
     out = runtime.compile_graph(graph)(args)
-    for k, (r, o) in enumerate(zip(ref, out)):
+    for k, (r, o) in enumerate(zip(ref, out, strict=False)):
         assert o.shape == r.shape and o.dtype == r.dtype
         np.testing.assert_allclose(o, r, rtol=rtol, atol=atol, equal_nan=True,
                                    err_msg=f"output {k}")
@@ -84,7 +84,7 @@ def mlp_loss(x, lab, *params):
 @pytest.mark.parametrize("sizes,batch", [((12, 16, 16, 10), 8), ((100, 64, 48, 10), 64)])
 def test_mlp_gradients(sizes, batch):
     avals = [((batch, sizes[0]), F32), ((batch,), I64)]
-    for a, b in zip(sizes[:-1], sizes[1:]):
+    for a, b in zip(sizes[:-1], sizes[1:], strict=False):
         avals += [((a, b), F32), ((b,), F32)]
     gg = grad_graph(build(mlp_loss, *avals), list(range(2, len(avals))))
     args = [RNG.standard_normal(avals[0][0]).astype(F32), RNG.integers(0, 10, batch)]
@@ -143,5 +143,5 @@ def test_threaded_results_equal_single_threaded():
         three = exe(args)
     finally:
         runtime.set_num_threads(before)
-    for a, b in zip(one, three):
+    for a, b in zip(one, three, strict=False):
         np.testing.assert_array_equal(a, b)   # bitwise: tasks are fixed at compile time

@@ -86,7 +86,7 @@ def test_corrupt_entry_is_rebuilt_with_a_warning(cache_dir):
         with pytest.warns(UserWarning, match="corrupt cache entry"):
             out = runtime.run_graph(g, args())
         assert runtime.stats.compiles == before + 1
-        for a, b in zip(out, expected):
+        for a, b in zip(out, expected, strict=False):
             np.testing.assert_array_equal(a, b)
         assert open(path, "rb").read() == data   # rewritten, atomically, in full
 
@@ -132,10 +132,10 @@ def test_argument_checks_and_layouts(cache_dir):
     odd = [big[::2, ::2], np.asfortranarray(w), ct]                  # strided, Fortran
     rev = [x[::-1, ::-1].copy()[::-1, ::-1], w[::-1][::-1], ct]     # negative strides
     for variant in (odd, rev):
-        for a, b in zip(exe(variant), ref):
+        for a, b in zip(exe(variant), ref, strict=False):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     o1, o2 = exe([x, w, ct]), exe([x, w, ct])
-    assert all(a is not b and not np.shares_memory(a, b) for a, b in zip(o1, o2))
+    assert all(a is not b and not np.shares_memory(a, b) for a, b in zip(o1, o2, strict=False))
 
 
 def test_zero_size_and_scalar_graphs(cache_dir):
@@ -146,6 +146,6 @@ def test_zero_size_and_scalar_graphs(cache_dir):
         outs = [E.exp(x), E.reduce_sum(x, (0,)), s * 2.0, E.reduce_sum(x, (0, 1)) + s]
     g = b.build(outs)
     a = [np.zeros((0, 3), F32), np.float32(1.5)]
-    for r, o in zip(ir.interpret(g, a), runtime.run_graph(g, a)):
+    for r, o in zip(ir.interpret(g, a), runtime.run_graph(g, a), strict=False):
         assert r.shape == o.shape and r.dtype == o.dtype
         np.testing.assert_array_equal(r, o)

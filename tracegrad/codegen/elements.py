@@ -54,7 +54,7 @@ class ElementReader:
     def linear(self, idx: Sequence[ir.Value], shape: Sequence[int]) -> ir.Value:
         b = self.b
         lin = None
-        for i, st in zip(idx, row_major_strides(shape)):
+        for i, st in zip(idx, row_major_strides(shape), strict=False):
             if isinstance(i, ir.Constant) and i.constant == 0:
                 continue
             term = i if st == 1 else b.mul(i, self.c(st), flags=("nsw",))
@@ -63,7 +63,7 @@ class ElementReader:
 
     def delinear(self, lin: ir.Value, shape: Sequence[int]) -> list[ir.Value]:
         out = []
-        for d, st in zip(shape, row_major_strides(shape)):
+        for d, st in zip(shape, row_major_strides(shape), strict=False):
             if d == 1:
                 out.append(self.c(0))
                 continue
@@ -98,7 +98,8 @@ class ElementReader:
                 res[ins[k][0]] = idx[outs[a][0]]
             else:
                 lin = self.linear([idx[i] for i, _ in outs[a:a1]], [d for _, d in outs[a:a1]])
-                for (j, _), v in zip(ins[k:k1], self.delinear(lin, [d for _, d in ins[k:k1]])):
+                parts = self.delinear(lin, [d for _, d in ins[k:k1]])
+                for (j, _), v in zip(ins[k:k1], parts, strict=True):
                     res[j] = v
             a, k = a1, k1
         return tuple(res)
@@ -144,7 +145,7 @@ class ElementReader:
             return self.value(x, self.reshape_index(idx, v.aval.shape, x.aval.shape))
         if op == "slice":
             src = []
-            for i, d, s in zip(idx, x.aval.shape, p["index"]):
+            for i, d, s in zip(idx, x.aval.shape, p["index"], strict=False):
                 r = slice_range(d, s)
                 if len(r) == 1:
                     src.append(self.c(r.start))
@@ -183,7 +184,7 @@ class ElementReader:
             return zero
         inside = ir.Constant(I1, 1)
         src = []
-        for i, d, s in zip(idx, p["shape"], p["index"]):
+        for i, d, s in zip(idx, p["shape"], p["index"], strict=False):
             r = slice_range(d, s)
             rel = b.sub(i, self.c(r.start))
             if r.step == 1:

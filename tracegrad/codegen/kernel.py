@@ -28,12 +28,12 @@ class Kernel:
         for a in self.body_fn.args[1:]:
             a.add_attribute("noalias")
         self.task = self.body_fn.args[0]
-        self.ptrs = {key: a for (key, _, _), a in zip(buffers, self.body_fn.args[1:])}
+        self.ptrs = {key: a for (key, _, _), a in zip(buffers, self.body_fn.args[1:], strict=False)}
         # the wrapper: load each pointer from its slot and call the body
         wb = ir.IRBuilder(self.fn.append_basic_block("entry"))
         table, task = self.fn.args
         args = [task]
-        for (_, slot, dt), t in zip(buffers, arg_types[1:]):
+        for (_, slot, _dt), t in zip(buffers, arg_types[1:], strict=False):
             p = wb.load(wb.gep(table, [ir.Constant(I64, slot)], inbounds=True))
             args.append(wb.bitcast(p, t))
         wb.call(self.body_fn, args)

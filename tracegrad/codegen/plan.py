@@ -67,7 +67,7 @@ def alias_custom_vjp(graph: Graph) -> Graph:
         ins = [read(a) for a in e.inputs]
         if e.op == "custom_vjp_call":
             k = e.params["n_args"] + e.params["n_res"]
-            for v, a in zip(e.outvars, ins[k:]):
+            for v, a in zip(e.outvars, ins[k:], strict=False):
                 subst[v.id] = a
             continue
         eqns.append(Eqn(e.op, ins, e.outvars, e.params, e.source))
@@ -189,7 +189,7 @@ class _Planner:
         live = [g for g in self.groups if g.kind != "dead"]
         materialised = {v.id for v in self.graph.invars} | {v.id for v in self.graph.constvars}
         for g in live:
-            g.eqns = [e for _, e in sorted(zip(g.order, g.eqns), key=lambda t: t[0])]
+            g.eqns = [e for _, e in sorted(zip(g.order, g.eqns, strict=False), key=lambda t: t[0])]
             g.order.sort()
             if g.kind != "loop":
                 materialised.update(v.id for e in g.eqns for v in e.outvars)

@@ -77,7 +77,7 @@ def _read_entry(path: str) -> tuple[bytes, Layout] | None:
     except FileNotFoundError:
         return None
     except OSError as e:
-        warnings.warn(f"tracegrad: cannot read cache entry {path}: {e}; recompiling")
+        warnings.warn(f"tracegrad: cannot read cache entry {path}: {e}; recompiling", stacklevel=2)
         return None
     try:
         if data[:8] != MAGIC:
@@ -89,7 +89,8 @@ def _read_entry(path: str) -> tuple[bytes, Layout] | None:
         layout = Layout.from_json(json.loads(payload[8:8 + n]))
         return payload[8 + n:], layout
     except Exception as e:
-        warnings.warn(f"tracegrad: ignoring corrupt cache entry {path} ({e}); recompiling")
+        warnings.warn(f"tracegrad: ignoring corrupt cache entry {path} ({e}); recompiling",
+                      stacklevel=2)
         return None
 
 
@@ -108,7 +109,7 @@ def _write_entry(path: str, obj: bytes, layout: Layout) -> None:
             os.unlink(tmp)
             raise
     except OSError as e:
-        warnings.warn(f"tracegrad: cannot write cache entry {path}: {e}")
+        warnings.warn(f"tracegrad: cannot write cache entry {path}: {e}", stacklevel=2)
 
 
 def _code_text(graph: Graph, mod_holder: list) -> Any:

@@ -49,7 +49,7 @@ class Executable:
         self._texts: dict[str, str] = {}
         self._in = [(v.aval.shape, v.aval.dtype) for v in graph.invars]
         self._consts = [np.ascontiguousarray(c, dtype=v.aval.dtype)
-                        for v, c in zip(graph.constvars, graph.consts)]
+                        for v, c in zip(graph.constvars, graph.consts, strict=False)]
         self._out_avals = [a.aval for a in graph.outvars]
         self._lits = [a.value if isinstance(a, Lit) else None for a in graph.outvars]
         self._frame = _Frame(layout, self._consts)
@@ -72,7 +72,7 @@ class Executable:
         if len(args) != len(self._in):
             raise TypeError(f"compiled graph takes {len(self._in)} arguments, got {len(args)}")
         arrays = []
-        for i, (a, (shape, dtype)) in enumerate(zip(args, self._in)):
+        for i, (a, (shape, dtype)) in enumerate(zip(args, self._in, strict=False)):
             if not isinstance(a, np.ndarray):
                 try:
                     a = np.asarray(a)
@@ -95,7 +95,7 @@ class Executable:
         try:
             frame = self._frame if shared else _Frame(lay, self._consts)
             table = frame.table
-            for slot, a in zip(lay.input_slots, arrays):
+            for slot, a in zip(lay.input_slots, arrays, strict=False):
                 table[slot] = a.ctypes.data
             for k, where in enumerate(lay.outputs):
                 if where[0] == "slot":

@@ -27,7 +27,8 @@ def target_id() -> str:
     """What object code depends on besides the IR: triple, CPU and its features."""
     _init()
     feats = llvm.get_host_cpu_features().flatten()
-    text = f"{llvm.get_process_triple()}|{llvm.get_host_cpu_name()}|{feats}|{llvm.llvm_version_info}"
+    text = "|".join([llvm.get_process_triple(), llvm.get_host_cpu_name(), feats,
+                     str(llvm.llvm_version_info)])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
