@@ -185,9 +185,9 @@ class Module:
                     p.grad.zero_()
 
     # -- state -----------------------------------------------------------------------------
-    def state_dict(self) -> OrderedDict[str, np.ndarray]:
+    def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of every parameter and buffer as numpy arrays, by dotted name."""
-        out: OrderedDict[str, np.ndarray] = OrderedDict()
+        out: dict[str, np.ndarray] = {}
         for p, m in self.named_modules():
             for store in (m._parameters, m._buffers):
                 for k, v in store.items():
