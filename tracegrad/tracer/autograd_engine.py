@@ -1,0 +1,453 @@
+"""The backward engine: walks the Node graph from the roots in dependency order, calling each
+node's backward and the hooks around it. Gradients flow as lazy Tensors, so the whole backward
+is recorded as IR (next to the forward IR it reads) and runs as one graph at the end; with
+`create_graph=True` it is recorded with grad_fns, so gradients are differentiable again."""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..ir.builder import Traced
+from ..ir.core import Lit, is_float
+from ..ir.ops import OPS
+from ..ir.rules import VJP
+from .autograd_graph import FREED_MSG, AccumulateGrad, Node, hook_name, realize, strip_backward
+from .grad_mode import mode
+from .tensor import Tensor, record
+
+_TYPE_NAMES = {"float32": "Float", "float64": "Double", "int64": "Long", "int32": "Int",
+               "bool": "Bool", "float16": "Half", "int8": "Char", "uint8": "Byte"}
+
+
+def size_str(shape: Sequence[int]) -> str:
+    return f"Size({list(shape)})"
+
+
+def _as_tensor(g: Any) -> Tensor:
+    if isinstance(g, Tensor):
+        return g
+    from .tensor_factories import tensor
+    return tensor(g)
+
+
+def _roots(tensors: Any, grads: Any) -> tuple[list[Tensor], list[Tensor]]:
+    tensors = [tensors] if isinstance(tensors, Tensor) else list(tensors)
+    if grads is None:
+        grads = [None] * len(tensors)
+    elif isinstance(grads, Tensor) or not isinstance(grads, (list, tuple)):
+        grads = [grads]
+    if len(grads) != len(tensors):
+        raise RuntimeError(f"got {len(grads)} gradients for {len(tensors)} tensors")
+    out = []
+    for i, (t, g) in enumerate(zip(tensors, grads, strict=False)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"backward expects Tensors, got {type(t).__name__}")
+        if not t._rg:
+            raise RuntimeError(f"element {i} of tensors does not require grad and does not "
+                               "have a grad_fn")
+        if g is None:
+            if t.numel() != 1:
+                raise RuntimeError("grad can be implicitly created only for scalar outputs")
+            if not is_float(t.dtype):
+                raise RuntimeError("grad can be implicitly created only for real scalar "
+                                   "outputs")
+            g = Tensor._leaf(np.ones(t.shape, t.dtype))
+        else:
+            g = _as_tensor(g)
+            if g.shape != t.shape:
+                raise RuntimeError(
+                    f"Mismatch in shape: grad_output[{i}] has a shape of {size_str(g.shape)} "
+                    f"and output[{i}] has a shape of {size_str(t.shape)}.")
+            if g.dtype != t.dtype:
+                g = g.to(t.dtype)
+        out.append(g)
+    return tensors, out
+
+
+def backward(tensors: Any, grad_tensors: Any = None, retain_graph: bool | None = None,
+             create_graph: bool = False, inputs: Any = None) -> None:
+    """Accumulate the gradients of `tensors` (weighted by `grad_tensors`) into leaves."""
+    roots, grads = _roots(tensors, grad_tensors)
+    if inputs is not None:
+        inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    Engine(roots, grads, retain_graph, create_graph, inputs, accumulate=True).run()
+
+
+def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, retain_graph: bool | None = None,
+         create_graph: bool = False, allow_unused: bool | None = None,
+         materialize_grads: bool = False) -> tuple:
+    """The gradients of `outputs` w.r.t. `inputs`, as a tuple; `.grad` is left alone."""
+    roots, grads = _roots(outputs, grad_outputs)
+    single = isinstance(inputs, Tensor)
+    inputs = [inputs] if single else list(inputs)
+    for t in inputs:
+        if not isinstance(t, Tensor) or not t._rg:
+            raise RuntimeError("One of the differentiated Tensors does not require grad")
+    eng = Engine(roots, grads, retain_graph, create_graph, inputs, accumulate=False)
+    eng.run()
+    out = []
+    for i, t in enumerate(inputs):
+        g = eng.captured.get(i)
+        if g is None:
+            if not (allow_unused or materialize_grads):
+                raise RuntimeError(
+                    f"The differentiated Tensor at index {i} appears to not have been used in "
+                    "the graph. Set allow_unused=True if this is the desired behavior.")
+            if materialize_grads:
+                g = Tensor._leaf(np.zeros(t.shape, t.dtype))
+        out.append(g)
+    return tuple(out)
+
+
+class Engine:
+    """One backward call (see the module docstring)."""
+
+    def __init__(self, roots: list[Tensor], grads: list[Tensor], retain_graph: bool | None,
+                 create_graph: bool, inputs: list[Tensor] | None, accumulate: bool):
+        self.roots = roots
+        self.grads = grads
+        self.retain = create_graph if retain_graph is None else retain_graph
+        self.create = create_graph
+        self.inputs = inputs
+        self.accumulate = accumulate
+        self.captured: dict[int, Tensor] = {}
+
+    # -- the graph
+    def _discover(self, starts: list) -> tuple[dict[int, int], dict[int, Any]]:
+        deps: dict[int, int] = {}
+        nodes: dict[int, Any] = {}
+        stack = list(starts)
+        for s in starts:
+            nodes[id(s)] = s
+        while stack:
+            n = stack.pop()
+            if isinstance(n, AccumulateGrad):
+                continue
+            for var, gsrc, _ in n.args:
+                if gsrc is None or var is None:
+                    continue
+                k = id(gsrc)
+                deps[k] = deps.get(k, 0) + 1
+                if k not in nodes:
+                    nodes[k] = gsrc
+                    stack.append(gsrc)
+        return deps, nodes
+
+    def _needed(self, nodes: dict[int, Any], targets: set[int]) -> set[int]:
+        """Nodes from which an input target is reachable (they have to run)."""
+        memo: dict[int, bool] = {}
+        for start in nodes.values():
+            stack = [(start, False)]
+            while stack:
+                n, done = stack.pop()
+                k = id(n)
+                if done:
+                    memo[k] = k in targets or any(
+                        memo.get(id(g), False) for v, g, _ in getattr(n, "args", ())
+                        if g is not None and v is not None)
+                    continue
+                if k in memo:
+                    continue
+                stack.append((n, True))
+                for v, g, _ in getattr(n, "args", ()):
+                    if g is not None and v is not None and id(g) not in memo:
+                        stack.append((g, False))
+        return {k for k, v in memo.items() if v}
+
+    def run(self) -> None:
+        starts = [t._gsrc() for t in self.roots]
+        deps, nodes = self._discover(starts)
+        acc_targets: dict[int, list[int]] = {}     # id(AccumulateGrad) -> input positions
+        capture: dict[tuple[int, int], list[int]] = {}   # (id(node), var id) -> positions
+        if self.inputs is not None:
+            for i, t in enumerate(self.inputs):
+                if t._fn is None:
+                    acc_targets.setdefault(id(t._gsrc()), []).append(i)
+                else:
+                    capture.setdefault((id(t._fn), t._var.id), []).append(i)
+            needed = self._needed(nodes, set(acc_targets) | {k for k, _ in capture})
+        else:
+            needed = set(nodes)
+        for n in nodes.values():
+            if isinstance(n, Node) and id(n) in needed:
+                _check_saved(n)
+        saved_mode = mode.grad
+        mode.grad = self.create
+        try:
+            leaf_grads = self._walk(starts, deps, nodes, needed, acc_targets, capture)
+        finally:
+            mode.grad = saved_mode
+        self._finish(leaf_grads, nodes, needed)
+
+    def _walk(self, starts: list, deps: dict, nodes: dict, needed: set, acc_targets: dict,
+              capture: dict) -> dict[int, tuple[Tensor, Tensor]]:
+        buf: dict[int, list] = {}
+        for s, t, g in zip(starts, self.roots, self.grads, strict=False):
+            _add(buf, s, _index(s, t._var), g)
+        ready = [s for s in dict.fromkeys(starts) if deps.get(id(s), 0) == 0]
+        leaf_grads: dict[int, tuple[Tensor, Tensor]] = {}
+        while ready:
+            n = ready.pop()
+            gouts = buf.pop(id(n), None)
+            if isinstance(n, AccumulateGrad):
+                if gouts is not None and gouts[0] is not None and id(n) in needed:
+                    self._leaf(n, gouts[0], acc_targets, leaf_grads)
+                continue
+            if gouts is not None and id(n) in needed:
+                gins = self._node(n, gouts, capture)
+            else:
+                gins = None
+            for k, (var, gsrc, _) in enumerate(n.args):
+                if gsrc is None or var is None:
+                    continue
+                if gins is not None and gins[k] is not None and id(gsrc) in needed:
+                    _add(buf, gsrc, _index(gsrc, var), gins[k])
+                key = id(gsrc)
+                deps[key] -= 1
+                if deps[key] == 0:
+                    ready.append(gsrc)
+        return leaf_grads
+
+    def _node(self, n: Node, gouts: list, capture: dict) -> list | None:
+        for i, v in enumerate(n.out_vars):
+            g = gouts[i] if i < len(gouts) else None
+            if g is None:
+                continue
+            if n.tensor_hooks and v.id in n.tensor_hooks:
+                for fn in list(n.tensor_hooks[v.id].values()):
+                    g = _checked(fn, g, fn(g))
+            if n.retains and v.id in n.retains:
+                t = n.retains[v.id]()
+                if t is not None:
+                    old = t._get("grad")
+                    new = g if old is None else old + g
+                    t._extra()["grad"] = new if self.create else new._plain()
+            for pos in capture.get((id(n), v.id), ()):
+                self.captured[pos] = g
+            gouts[i] = g
+        gouts = list(gouts) + [None] * (len(n.out_vars) - len(gouts))
+        if n.pre_hooks:
+            for fn in list(n.pre_hooks.values()):
+                r = fn(tuple(gouts))
+                if r is not None:
+                    gouts = list(_checked_tuple(fn, tuple(gouts), r))
+        if all(g is None for g in gouts):
+            return None
+        if n.fn_ctx is not None and hasattr(n.fn_ctx, "_apply_backward"):
+            gins = n.fn_ctx._apply_backward(gouts)
+        else:
+            gins = apply_op_backward(n, gouts, self.create)
+        if n.post_hooks:
+            edges = [k for k, (v, _, _) in enumerate(n.args) if v is not None]
+            gi = tuple(gins[k] for k in edges)
+            for fn in list(n.post_hooks.values()):
+                r = fn(gi, tuple(gouts))
+                if r is not None:
+                    gi = _checked_tuple(fn, gi, r)
+            gins = list(gins)
+            for k, g in zip(edges, gi, strict=False):
+                gins[k] = g
+        return gins
+
+    def _leaf(self, acc: AccumulateGrad, g: Tensor, acc_targets: dict, leaf_grads: dict) -> None:
+        t = acc.variable
+        hooks = t._get("hooks")
+        if hooks:
+            for fn in list(hooks.values()):
+                g = _checked(fn, g, fn(g))
+        for pos in acc_targets.get(id(acc), ()):
+            self.captured[pos] = g
+        if self.accumulate and (self.inputs is None or id(acc) in acc_targets):
+            prev = leaf_grads.get(id(t))
+            leaf_grads[id(t)] = (t, g if prev is None else prev[1] + g)
+
+    def _finish(self, leaf_grads: dict, nodes: dict, needed: set) -> None:
+        new = []
+        saved_mode = mode.grad
+        mode.grad = self.create
+        try:
+            for t, g in leaf_grads.values():
+                old = t._get("grad")
+                if old is None:
+                    g = g if self.create else g._plain()
+                    t._extra()["grad"] = g
+                    new.append(g)
+                elif self.create:
+                    t._extra()["grad"] = s = old + g
+                    new.append(s)
+                else:
+                    s = old + g
+                    old._var, old._value, old._node = s._var, s._value, s._node
+                    old._vc[0] += 1
+                    new.append(old)
+        finally:
+            mode.grad = saved_mode
+        if not self.create:
+            realize(new + list(self.captured.values()) + self.roots)
+        if not self.retain:
+            for n in nodes.values():
+                if isinstance(n, Node) and id(n) in needed:
+                    n.freed = True
+                    for s in n.saved or ():
+                        s.tensor = s.packed = None
+
+
+def _index(node: Any, var: Any) -> int:
+    if isinstance(node, AccumulateGrad):
+        return 0
+    for i, v in enumerate(node.out_vars):
+        if v is var:
+            return i
+    return 0
+
+
+def _add(buf: dict, node: Any, idx: int, g: Tensor) -> None:
+    slot = buf.get(id(node))
+    if slot is None:
+        slot = buf[id(node)] = [None] * max(len(getattr(node, "out_vars", ())), 1)
+    prev = slot[idx]
+    slot[idx] = g if prev is None else prev + g
+
+
+def _checked(fn: Any, g: Tensor, r: Any) -> Tensor:
+    if r is None:
+        return g
+    if not isinstance(r, Tensor):
+        raise TypeError(f"expected Variable or None (got {type(r).__name__})")
+    if r.shape != g.shape:
+        raise RuntimeError(f"hook '{hook_name(fn)}' has changed the size of value")
+    if r.dtype != g.dtype:
+        raise RuntimeError(f"hook '{hook_name(fn)}' has changed the type of value (was "
+                           f"{g.dtype} got {r.dtype})")
+    return r
+
+
+def _checked_tuple(fn: Any, gs: tuple, r: Any) -> tuple:
+    r = tuple(r) if isinstance(r, (tuple, list)) else (r,)
+    if len(r) != len(gs):
+        raise RuntimeError(f"hook '{hook_name(fn)}' has returned an incorrect number of values "
+                           f"(got {len(r)}, but expected {len(gs)})")
+    return tuple(g if x is None and g is None else _checked(fn, g, x) if g is not None else x
+                 for g, x in zip(gs, r, strict=False))
+
+
+def _check_saved(n: Node) -> None:
+    if not n.saved:
+        return
+    if n.freed:
+        raise RuntimeError(FREED_MSG)
+    for s in n.saved:
+        if s.vc[0] != s.version:
+            aval = s.var.aval
+            kind = _TYPE_NAMES.get(str(aval.dtype), str(aval.dtype))
+            owner = ""
+            if s.is_output:
+                owner = f", which is output 0 of {strip_backward(n.name_)},"
+            elif s.tensor is not None and s.tensor._fn is not None:
+                owner = f", which is output 0 of {strip_backward(s.tensor._fn.name_)},"
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: [tg.{kind}Tensor {list(aval.shape)}]{owner} is at version "
+                f"{s.vc[0]}; expected version {s.version} instead. Hint: enable anomaly "
+                "detection to find the operation that failed to compute its gradient, with "
+                "torch.autograd.set_detect_anomaly(True).")
+
+
+# ---- the backward of a recorded op ---------------------------------------------------------------
+
+def apply_op_backward(n: Node, gouts: list, create: bool) -> list:
+    """Gradients for each entry of `n.args`, recorded as a Tensor op (with a grad_fn when
+    `create`, so that it can be differentiated again)."""
+    subst = {}
+    for s in n.saved or ():
+        if s.unpack is not None:
+            t = s.unpacked()
+            if not isinstance(t, Tensor) or t.shape != s.var.aval.shape:
+                raise RuntimeError("saved_tensors_hooks: unpack must return a Tensor of the "
+                                   "saved tensor's shape")
+            subst[s.var.id] = t
+    g_idx = [i for i, g in enumerate(gouts) if g is not None]
+    gts = [gouts[i] for i in g_idx]
+    sub_ids = list(subst)
+    sub_ts = [subst[k] for k in sub_ids]
+    arg_vars = [e[0] for e in n.args]
+    n_args = len(arg_vars)
+
+    def vjp(*xs: Traced) -> list:
+        b = xs[0].builder if xs else None
+        if create:
+            fwd = xs[:n_args]
+            xs = xs[n_args:]
+            env = {v.id: t for v, t in zip(arg_vars, fwd, strict=False) if v is not None}
+        else:
+            env = {}
+        gs, subs = xs[:len(gts)], xs[len(gts):]
+        return _vjp_walk(n, b, env, dict(zip(g_idx, gs, strict=True)),
+                         dict(zip(sub_ids, subs, strict=True)), create)
+
+    extra = ()
+    if create:
+        shadows = tuple(_shadow(e) for e in n.args)
+        args = shadows + tuple(gts) + tuple(sub_ts)
+    else:
+        args = tuple(gts) + tuple(sub_ts)
+        extra = ((None, None, n),)
+    return record(vjp, strip_backward(n.name_) or "Grad", args, {}, grad=create, deps=extra)
+
+
+def _shadow(entry: tuple) -> Tensor:
+    """A stand-in Tensor for a recorded op input: same variable, value and gradient edge."""
+    var, gsrc, vsrc = entry
+    t = Tensor._from_var(var, vsrc if isinstance(vsrc, Node) else None,
+                         gsrc if isinstance(gsrc, Node) else None)
+    if isinstance(vsrc, np.ndarray):
+        t._value = vsrc
+    if isinstance(gsrc, AccumulateGrad):
+        t._rg = True
+        t._extra()["acc"] = weakref.ref(gsrc)
+    return t
+
+
+def _vjp_walk(n: Node, b: Any, env: dict, gouts: dict, subst: dict, create: bool) -> list:
+    """Emit the reverse pass of `n`'s equations; `env` maps forward vars to values (empty:
+    read the recorded vars themselves), `subst` replaces saved values by unpacked ones."""
+    def read(a: Any) -> Traced:
+        if isinstance(a, Lit):
+            return Traced(b, a)
+        t = subst.get(a.id) or env.get(a.id)
+        return t if t is not None else Traced(b, a)
+
+    if create:      # recompute the forward from the stand-ins, so its IR is differentiable
+        for e in n.eqns:
+            outs = b.emit(e.op, [read(a).atom for a in e.inputs], e.params, e.source)
+            for v, o in zip(e.outvars, outs, strict=False):
+                env[v.id] = Traced(b, o)
+    live = {e[0].id for e in n.args
+            if e[0] is not None and e[1] is not None and is_float(e[0].aval.dtype)}
+    for e in n.eqns:
+        if e.op != "stop_gradient" and any(not isinstance(a, Lit) and a.id in live
+                                           for a in e.inputs):
+            live.update(v.id for v in e.outvars if is_float(v.aval.dtype))
+    ct: dict[int, Traced] = {}
+    for i, g in gouts.items():
+        v = n.out_vars[i]
+        if v.id in live:
+            ct[v.id] = g
+    for e in reversed(n.eqns):
+        gs = [ct.pop(v.id, None) for v in e.outvars]
+        if all(g is None for g in gs):
+            continue
+        ins = [read(a) for a in e.inputs]
+        outs = [read(v) for v in e.outvars]
+        b.source_override = f"{e.source or '?'} (backward of {e.op})"
+        if OPS[e.op].multi_out:
+            grads = VJP[e.op](gs, *ins, out=outs, **e.params)
+        else:
+            grads = VJP[e.op](gs[0], *ins, out=outs[0], **e.params)
+        for a, g in zip(e.inputs, grads, strict=False):
+            if g is not None and not isinstance(a, Lit) and a.id in live:
+                ct[a.id] = g if a.id not in ct else ct[a.id] + g
+    return [ct.get(v.id) if v is not None and g is not None else None
+            for v, g, _ in n.args]

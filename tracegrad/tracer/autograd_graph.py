@@ -1,0 +1,331 @@
+"""The autograd graph behind lazy Tensors: Nodes (a Tensor op's recorded IR, and its `grad_fn`
+face), AccumulateGrad for leaves, saved tensors, hook handles, and realisation — collecting
+the IR a set of pending values needs into one graph, optimising and executing it.
+
+Every Node records the equations its op emitted and, per input variable, an entry
+`(var, gsrc, vsrc)`: where gradients go (a Node, an AccumulateGrad, or None) and where the
+value comes from (a numpy array, or the Node that computes it)."""
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import ir
+from ..ir.core import Var
+from .executor import execute
+
+FREED_MSG = (
+    "Trying to backward through the graph a second time (or directly access saved tensors "
+    "after they have already been freed). Saved intermediate values of the graph are freed "
+    "when you call .backward() or autograd.grad(). Specify retain_graph=True if you need to "
+    "backward through the graph a second time or if you need to access saved tensors after "
+    "calling backward.")
+
+# A pending leaf value updated in place this many times in a row is computed right away, so
+# chains of optimizer updates never grow without bound.
+MAX_LEAF_CHAIN = 16
+
+_handles = itertools.count()
+
+
+class RemovableHandle:
+    """Returned by `register_hook` & co.; `.remove()` unregisters the hook."""
+    __slots__ = ("_table", "id")
+
+    def __init__(self, table: dict):
+        self._table = table
+        self.id = next(_handles)
+
+    def remove(self) -> None:
+        self._table.pop(self.id, None)
+
+    def __enter__(self) -> RemovableHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+def add_hook(table: dict, fn: Callable) -> RemovableHandle:
+    h = RemovableHandle(table)
+    table[h.id] = fn
+    return h
+
+
+def hook_name(fn: Callable) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+class SavedTensor:
+    """A value an op keeps for its backward: the tensor, its version when saved, and what a
+    `saved_tensors_hooks` pack function made of it."""
+    __slots__ = ("tensor", "var", "vc", "version", "slot", "is_output", "packed", "unpack",
+                 "node")
+
+    def __init__(self, tensor: Any, var: Var, vc: list, slot: int | str, node: Node,
+                 hooks: tuple | None):
+        self.var = var
+        self.vc = vc
+        self.version = vc[0]
+        self.slot = slot                       # argument index, or "result"
+        is_output = self.is_output = slot == "result"
+        self.node = node
+        self.unpack = None
+        self.packed = None
+        self.tensor = None if is_output else tensor
+        if hooks is not None:
+            pack, self.unpack = hooks
+            self.packed = pack(tensor if tensor is not None else self.materialize())
+
+    def materialize(self) -> Any:
+        """The saved value as a Tensor (outputs come back as a new Tensor, as in PyTorch)."""
+        if self.tensor is not None:
+            return self.tensor
+        from .tensor import Tensor
+        t = Tensor._from_var(self.var, self.node, self.node if self.node.grad else None)
+        t._vc = self.vc
+        return t
+
+    def unpacked(self) -> Any:
+        if self.unpack is not None:
+            return self.unpack(self.packed)
+        return self.materialize()
+
+
+class Node:
+    """One recorded Tensor op. When it requires grad it is the `grad_fn` of its outputs."""
+    __slots__ = ("eqns", "args", "out_vars", "values", "name_", "grad", "saved", "freed",
+                 "pre_hooks", "post_hooks", "tensor_hooks", "retains", "fn_ctx", "leaf_chain",
+                 "__weakref__")
+
+    def __init__(self, eqns: list, args: list, out_vars: list, grad: bool, name: str = ""):
+        self.eqns = eqns
+        self.args = args
+        self.out_vars = out_vars
+        self.grad = grad
+        self.name_ = name
+        self.values: dict[int, np.ndarray] | None = None
+        self.saved: list[SavedTensor] | None = None
+        self.freed = False
+        self.pre_hooks: dict | None = None
+        self.post_hooks: dict | None = None
+        self.tensor_hooks: dict | None = None   # var id -> {handle id: fn}
+        self.retains: dict | None = None        # var id -> Tensor (retain_grad)
+        self.fn_ctx: Any = None                 # autograd.Function context
+        self.leaf_chain = 0                     # > 0: computes a leaf's value updated in place
+
+    # -- the grad_fn face
+    def name(self) -> str:
+        return self.name_
+
+    @property
+    def next_functions(self) -> tuple:
+        out = []
+        for var, gsrc, _ in self.args:
+            if var is None:
+                continue
+            if isinstance(gsrc, Node):
+                out.append((gsrc, _out_index(gsrc, var)))
+            else:
+                out.append((gsrc, 0))
+        return tuple(out)
+
+    @property
+    def requires_grad(self) -> bool:
+        return self.grad
+
+    def register_hook(self, fn: Callable) -> RemovableHandle:
+        """`fn(grad_inputs, grad_outputs)` after this node computed its gradients."""
+        if self.post_hooks is None:
+            self.post_hooks = {}
+        return add_hook(self.post_hooks, fn)
+
+    def register_prehook(self, fn: Callable) -> RemovableHandle:
+        """`fn(grad_outputs)` before this node computes its gradients."""
+        if self.pre_hooks is None:
+            self.pre_hooks = {}
+        return add_hook(self.pre_hooks, fn)
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_saved_"):
+            return saved_attribute(self, attr[len("_saved_"):])
+        raise AttributeError(f"'{self.name_}' object has no attribute '{attr}'")
+
+    def __repr__(self) -> str:
+        return f"<{self.name_} object at {hex(id(self))}>"
+
+
+def _out_index(node: Node, var: Var) -> int:
+    for i, v in enumerate(node.out_vars):
+        if v is var:
+            return i
+    return 0
+
+
+def saved_attribute(node: Node, what: str) -> Any:
+    """`grad_fn._saved_self` / `_saved_other` / `_saved_result` / `_saved_exponent` ..."""
+    names = SAVED_NAMES.get(node.name_.rsplit("Backward", 1)[0], {})
+    if what not in names or node.saved is None:
+        raise AttributeError(f"'{node.name_}' object has no attribute '_saved_{what}'")
+    slot = names[what]
+    if isinstance(slot, tuple):      # a non-tensor attribute, kept in fn_ctx
+        return node.fn_ctx.get(slot[1]) if isinstance(node.fn_ctx, dict) else None
+    if node.freed:
+        raise RuntimeError(FREED_MSG)
+    for s in node.saved:
+        if s.slot == slot:
+            return s.materialize()
+    raise AttributeError(f"'{node.name_}' object has no attribute '_saved_{what}'")
+
+
+# op stem -> which values its backward keeps: argument indices, or "result"
+SAVED = {
+    "Mul": (0, 1), "Div": (0, 1), "Pow": (0,), "Exp": ("result",), "Tanh": ("result",),
+    "Sigmoid": ("result",), "Log": (0,), "Log1P": (0,), "Sqrt": ("result",), "Abs": (0,),
+    "Relu": ("result",), "Sin": (0,), "Cos": (0,), "Tan": ("result",), "Mm": (0, 1),
+    "Dot": (0, 1), "Max": (0, "result"), "Min": (0, "result"), "Maximum": (0, 1),
+    "Minimum": (0, 1), "Prod": (0, "result"), "Erf": (0,), "Expm1": ("result",),
+    "Softmax": ("result",), "LogSoftmax": ("result",), "Logsumexp": (0, "result"),
+    "Where": (0,), "Clamp": (0,), "Square": (0,), "Reciprocal": ("result",), "Gelu": (0,),
+    "MseLoss": (0, 1), "NllLoss": (0, 1), "BinaryCrossEntropyWithLogits": (0, 1),
+    "Take": (1,), "Rsub": (), "Matmul": (0, 1),
+}
+SAVED_NAMES = {
+    "Mul": {"self": 0, "other": 1}, "Div": {"self": 0, "other": 1},
+    "Pow": {"self": 0, "exponent": ("ctx", "exponent")}, "Exp": {"result": "result"},
+    "Tanh": {"result": "result"}, "Sigmoid": {"result": "result"}, "Log": {"self": 0},
+    "Sqrt": {"result": "result"}, "Abs": {"self": 0}, "Relu": {"result": "result"},
+    "Sin": {"self": 0}, "Cos": {"self": 0}, "Mm": {"self": 0, "mat2": 1},
+    "Max": {"self": 0, "result": "result"}, "Min": {"self": 0, "result": "result"},
+    "Maximum": {"self": 0, "other": 1}, "Minimum": {"self": 0, "other": 1},
+    "Prod": {"self": 0, "result": "result"}, "Log1P": {"self": 0}, "Erf": {"self": 0},
+    "Softmax": {"result": "result"}, "LogSoftmax": {"result": "result"},
+}
+
+
+class AccumulateGrad:
+    """The node a leaf tensor's gradient flows into; it adds the gradient to `.grad`."""
+    __slots__ = ("variable", "post_hooks", "__weakref__")
+
+    def __init__(self, variable: Any):
+        self.variable = variable
+        self.post_hooks: dict | None = None
+
+    def name(self) -> str:
+        return "AccumulateGrad"
+
+    next_functions = ()
+    requires_grad = True
+    grad = True
+
+    def register_hook(self, fn: Callable) -> RemovableHandle:
+        if self.post_hooks is None:
+            self.post_hooks = {}
+        return add_hook(self.post_hooks, fn)
+
+    def register_prehook(self, fn: Callable) -> RemovableHandle:
+        return self.variable.register_hook(fn)
+
+    def __repr__(self) -> str:
+        return f"<AccumulateGrad object at {hex(id(self))}>"
+
+
+def strip_backward(name: str) -> str:
+    return re.sub(r"Backward\d*$", "", name)
+
+
+# ---- realisation ---------------------------------------------------------------------------------
+
+def _cached(node: Node, var: Var) -> Any:
+    vals = node.values
+    return None if vals is None else vals.get(var.id)
+
+
+def collect(targets: list[tuple[Var, Node]]) -> tuple[list, list, list, list[Node]]:
+    """The graph computing `targets` from known values: (input vars, input values, eqns,
+    nodes whose leaf values are computed on the way)."""
+    order: list[Node] = []
+    state: dict[int, int] = {}       # node id -> 1 visiting, 2 done
+    inputs: dict[int, tuple] = {}    # var id -> (var, value, node the value is cached in)
+    leafs: list[Node] = []
+    for _var, node in targets:
+        if id(node) in state:
+            continue
+        stack = [(node, False)]
+        while stack:
+            n, expanded = stack.pop()
+            if expanded:
+                state[id(n)] = 2
+                order.append(n)
+                if n.leaf_chain:
+                    leafs.append(n)
+                continue
+            if id(n) in state:
+                continue
+            state[id(n)] = 1
+            stack.append((n, True))
+            for v, _, src in n.args:
+                if isinstance(src, np.ndarray):
+                    if v.id not in inputs:
+                        inputs[v.id] = (v, src, None)
+                    continue
+                if v is not None:
+                    val = _cached(src, v)
+                    if val is not None:
+                        if v.id not in inputs:
+                            inputs[v.id] = (v, val, src)
+                        continue
+                if id(src) not in state:
+                    stack.append((src, False))
+    eqns = [e for n in order for e in n.eqns]
+    produced = {v.id for e in eqns for v in e.outvars}
+    in_vars, in_vals = [], []
+    for v, val, _ in inputs.values():
+        if v.id not in produced:    # else the graph recomputes it: read the fresh value
+            in_vars.append(v)
+            in_vals.append(val)
+    return in_vars, in_vals, eqns, leafs
+
+
+def realize(tensors: list) -> None:
+    """Compute the values of pending tensors together, in one graph."""
+    targets, seen = [], set()
+    for t in tensors:
+        if t._value is None and t._var.id not in seen:
+            val = _cached(t._node, t._var)
+            if val is not None:
+                t._value = val
+                continue
+            seen.add(t._var.id)
+            targets.append((t._var, t._node))
+    if not targets:
+        return
+    in_vars, in_vals, eqns, leafs = collect(targets)
+    extra = [(v, n) for n in leafs for v in n.out_vars if v.id not in seen]
+    out_vars = [v for v, _ in targets] + [v for v, _ in extra]
+    graph = ir.optimize(ir.Graph(in_vars, eqns, out_vars))
+    outs = execute(graph, in_vals)
+    for (v, n), val in zip(targets + extra, outs, strict=False):
+        if n.values is None:
+            n.values = {}
+        n.values[v.id] = val
+    for t in tensors:
+        if t._value is None:
+            t._value = t._node.values[t._var.id]
+    for n in leafs:
+        release(n)
+    for _, n in targets:
+        if not n.grad:
+            release(n)
+
+
+def release(node: Node) -> None:
+    """Forget how a no-grad node's values were computed once they are all known."""
+    vals = node.values
+    if vals is not None and all(v.id in vals for v in node.out_vars):
+        node.eqns = []
+        node.args = []
+        node.leaf_chain = 0

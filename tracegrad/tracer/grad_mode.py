@@ -1,0 +1,113 @@
+"""Grad modes: `no_grad`, `enable_grad`, `set_grad_enabled`, `inference_mode` (thread-local,
+nestable, usable as context managers and as decorators), and the saved-tensor hook stack."""
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Callable
+
+
+class _Mode(threading.local):
+    def __init__(self) -> None:
+        self.grad = True          # record autograd graphs
+        self.inference = False    # inference mode: no graphs, results are inference tensors
+        self.saved_hooks: list[tuple[Callable, Callable]] = []
+
+
+mode = _Mode()
+
+
+def is_grad_enabled() -> bool:
+    return mode.grad
+
+
+def is_inference_mode_enabled() -> bool:
+    return mode.inference
+
+
+class _ModeContext:
+    """Base of the mode context managers: save the mode on enter, restore it on exit."""
+
+    def __new__(cls, *args: Any) -> Any:
+        if cls in (no_grad, enable_grad) and len(args) == 1 and callable(args[0]):
+            return cls()(args[0])      # bare `@no_grad`, as PyTorch allows
+        return super().__new__(cls)
+
+    def _enter(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> None:
+        self._saved = (mode.grad, mode.inference)
+        self._enter()
+
+    def __exit__(self, *exc: Any) -> None:
+        mode.grad, mode.inference = self._saved
+
+    def __call__(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            with self.clone():
+                return fn(*args, **kwargs)
+        return wrapped
+
+    def clone(self) -> _ModeContext:
+        return type(self)()
+
+
+class no_grad(_ModeContext):  # noqa: N801 - PyTorch's name
+    """Operations inside are not recorded for differentiation."""
+
+    def _enter(self) -> None:
+        mode.grad = False
+
+
+class enable_grad(_ModeContext):  # noqa: N801
+    """Re-enable recording inside a `no_grad` region (not inside inference mode's tensors)."""
+
+    def _enter(self) -> None:
+        mode.grad = True
+
+
+class set_grad_enabled(_ModeContext):  # noqa: N801
+    """`set_grad_enabled(False)` as a call sets the mode now; as a context it restores it."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = bool(enabled)
+        self._saved = (mode.grad, mode.inference)
+        mode.grad = self.enabled
+
+    def _enter(self) -> None:
+        mode.grad = self.enabled
+
+    def __enter__(self) -> None:
+        self._enter()    # the mode to restore was saved at construction, as PyTorch does
+
+    def clone(self) -> set_grad_enabled:
+        saved = mode.grad
+        ctx = set_grad_enabled(self.enabled)
+        mode.grad = saved
+        return ctx
+
+    def __call__(self, fn: Callable) -> Callable:
+        mode.grad, mode.inference = self._saved   # used as a decorator: undo the call's effect
+        return super().__call__(fn)
+
+
+class inference_mode(_ModeContext):  # noqa: N801
+    """Like `no_grad`, and tensors made inside are inference tensors (never recorded later)."""
+
+    def __new__(cls, mode_on: Any = True) -> Any:
+        if callable(mode_on):
+            return cls(True)(mode_on)    # bare `@inference_mode`
+        return object.__new__(cls)
+
+    def __init__(self, mode_on: bool = True) -> None:
+        self.mode_on = bool(mode_on)
+
+    def _enter(self) -> None:
+        if self.mode_on:
+            mode.grad = False
+            mode.inference = True
+
+    def clone(self) -> inference_mode:
+        return inference_mode(self.mode_on)

@@ -1,0 +1,530 @@
+"""The lazy `tg.Tensor`: PyTorch autograd semantics on the trace-and-compile core.
+
+A Tensor is a variable of the IR. Leaves hold a numpy value; an op on Tensors runs the
+un-dispatched `tg` function on `Traced` values in a thread-local recording Builder, and the
+equations it emitted become a `Node` (its `grad_fn` when it requires grad). Values are computed
+when asked for (`numpy()`, `item()`, `print`, `bool()`, `backward()`) by collecting the IR they
+need into one graph (`autograd_graph.realize`)."""
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+from ..ir.builder import Builder, Traced, user_source
+from ..ir.builder import _state as _trace_state
+from ..ir.core import Aval, Lit, Var, is_float
+from . import dispatch
+from .autograd_graph import SAVED, AccumulateGrad, Node, SavedTensor, realize
+from .grad_mode import mode
+
+_new = object.__new__
+
+
+class _Recorder(threading.local):
+    def __init__(self) -> None:
+        self.builder = Builder("tensor")
+
+
+_rec = _Recorder()
+
+NON_LEAF_GRAD_WARNING = (
+    "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its .grad "
+    "attribute won't be populated during autograd.backward(). If you indeed want the .grad "
+    "field to be populated for a non-leaf Tensor, use .retain_grad() on the non-leaf Tensor. "
+    "If you access the non-leaf Tensor by mistake, make sure you access the leaf Tensor "
+    "instead. See github.com/pytorch/pytorch/pull/30531 for more information.")
+
+
+class Tensor:
+    """An n-d array that records the operations made with it (see the module docstring)."""
+    __slots__ = ("_var", "_value", "_node", "_fn", "_rg", "_vc", "_x", "__weakref__")
+    __array_priority__ = 1000
+    __array_ufunc__ = None     # `ndarray op tensor` defers to our reflected operators
+
+    def __new__(cls, *data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+        from .tensor_factories import tensor
+        if len(data) == 1 and not isinstance(data[0], int):
+            return tensor(data[0], dtype=dtype or np.float32, requires_grad=requires_grad)
+        from .tensor_factories import zeros
+        return zeros(*data, dtype=dtype, requires_grad=requires_grad)
+
+    # -- construction
+    @staticmethod
+    def _leaf(value: np.ndarray, requires_grad: bool = False) -> Tensor:
+        t = _new(Tensor)
+        t._var = Var(Aval(value.shape, value.dtype))
+        t._value = value
+        t._node = None
+        t._fn = None
+        t._rg = requires_grad
+        t._vc = [0]
+        t._x = {"inference": True} if mode.inference else None
+        return t
+
+    @staticmethod
+    def _from_var(var: Var, node: Node, fn: Node | None) -> Tensor:
+        t = _new(Tensor)
+        t._var = var
+        t._value = None
+        t._node = node
+        t._fn = fn
+        t._rg = fn is not None
+        t._vc = [0]
+        t._x = None
+        return t
+
+    def _extra(self) -> dict:
+        if self._x is None:
+            self._x = {}
+        return self._x
+
+    def _get(self, key: str, default: Any = None) -> Any:
+        x = self._x
+        return default if x is None else x.get(key, default)
+
+    # -- sources for the graph
+    def _gsrc(self) -> Any:
+        if self._fn is not None:
+            return self._fn
+        if not self._rg:
+            return None
+        x = self._extra()
+        ref = x.get("acc")
+        acc = ref() if ref is not None else None
+        if acc is None:
+            acc = AccumulateGrad(self)
+            x["acc"] = weakref.ref(acc)
+        return acc
+
+    def _vsrc(self) -> Any:
+        return self._value if self._value is not None else self._node
+
+    def _plain(self) -> Tensor:
+        """A new no-grad tensor with this value (no aliasing of later in-place changes)."""
+        t = Tensor._from_var(self._var, self._node, None)
+        t._value = self._value
+        return t
+
+    def _val(self) -> np.ndarray:
+        """The value, computing it if it is pending."""
+        v = self._value
+        if v is None:
+            realize([self])
+            v = self._value
+        return v
+
+    def __tg_array__(self) -> np.ndarray:
+        return self._val()
+
+    @classmethod
+    def __tg_function__(cls, fn: Callable, name: str, args: tuple, kwargs: dict) -> Any:
+        return record(getattr(fn, "raw", fn), name, args, kwargs)
+
+    # -- autograd attributes
+    @property
+    def requires_grad(self) -> bool:
+        return self._rg
+
+    @requires_grad.setter
+    def requires_grad(self, flag: bool) -> None:
+        self.requires_grad_(flag)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        if self._fn is not None and not requires_grad:
+            raise RuntimeError(
+                "you can only change requires_grad flags of leaf variables. If you want to use "
+                "a computed variable in a subgraph that doesn't require differentiation use "
+                "var_no_grad = var.detach().")
+        if requires_grad and not is_float(self._var.aval.dtype):
+            raise RuntimeError("only Tensors of floating point dtype can require gradients")
+        if self._fn is None:
+            self._rg = bool(requires_grad)
+        return self
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._fn is None
+
+    @property
+    def grad_fn(self) -> Node | None:
+        return self._fn
+
+    @property
+    def grad(self) -> Tensor | None:
+        if self._fn is not None and not self._get("retain"):
+            warnings.warn(NON_LEAF_GRAD_WARNING, UserWarning, stacklevel=2)
+        return self._get("grad")
+
+    @grad.setter
+    def grad(self, value: Tensor | None) -> None:
+        if value is not None:
+            if not isinstance(value, Tensor):
+                raise TypeError(f"assigned grad expected to be a Tensor or None but got grad "
+                                f"of type {type(value).__name__}")
+            if value.shape != self.shape:
+                raise RuntimeError(f"assigned grad has data of a different size: "
+                                   f"{value.shape} vs {self.shape}")
+        self._extra()["grad"] = value
+
+    def retain_grad(self) -> None:
+        if not self._rg:
+            raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
+        if self._fn is None:
+            return
+        self._extra()["retain"] = True
+        node = self._fn
+        if node.retains is None:
+            node.retains = {}
+        node.retains[self._var.id] = weakref.ref(self)
+
+    @property
+    def retains_grad(self) -> bool:
+        return bool(self._get("retain")) and self._fn is not None
+
+    def register_hook(self, hook: Callable) -> Any:
+        """`hook(grad)` runs when this tensor's gradient is computed; it may return a
+        replacement gradient."""
+        from .autograd_graph import add_hook
+        if not self._rg:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require "
+                               "gradient")
+        if self._fn is None:
+            return add_hook(self._extra().setdefault("hooks", {}), hook)
+        node = self._fn
+        if node.tensor_hooks is None:
+            node.tensor_hooks = {}
+        return add_hook(node.tensor_hooks.setdefault(self._var.id, {}), hook)
+
+    def backward(self, gradient: Any = None, retain_graph: bool | None = None,
+                 create_graph: bool = False, inputs: Any = None) -> None:
+        """Accumulate d(self)/d(leaf) (times `gradient` for non-scalars) into leaves' .grad."""
+        from .autograd_engine import backward
+        backward([self], None if gradient is None else [gradient], retain_graph,
+                 create_graph, inputs=inputs)
+
+    def detach(self) -> Tensor:
+        """A tensor with the same value, cut from the graph (sharing the version counter;
+        in-place changes through it reach this tensor)."""
+        if self._value is not None:
+            t = Tensor._leaf(self._value)
+        else:
+            from ..ir import emit as E
+            t = record(E.stop_gradient, "Detach", (self,), {}, grad=False)
+        t._vc = self._vc
+        t._extra()["base"] = self
+        return t
+
+    def detach_(self) -> Tensor:
+        if self._fn is not None:
+            d = self.detach()
+            self._var, self._value, self._node = d._var, d._value, d._node
+        self._fn = None
+        self._rg = False
+        return self
+
+    @property
+    def data(self) -> Tensor:
+        return self.detach()
+
+    @data.setter
+    def data(self, value: Tensor) -> None:
+        value = value if isinstance(value, Tensor) else Tensor._leaf(np.asarray(value))
+        self._var, self._value, self._node = value._var, value._value, value._node
+
+    def is_inference(self) -> bool:
+        return bool(self._get("inference"))
+
+    # -- shape and dtype
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._var.aval.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._var.aval.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self._var.aval.shape)
+
+    def dim(self) -> int:
+        return len(self._var.aval.shape)
+
+    def size(self, dim: int | None = None) -> Any:
+        return self.shape if dim is None else self.shape[dim]
+
+    def numel(self) -> int:
+        return self._var.aval.size
+
+    nelement = numel
+
+    @property
+    def device(self) -> str:
+        return "cpu"
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    # -- values
+    def numpy(self, force: bool = False) -> np.ndarray:
+        if self._rg and not force:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
+                               "tensor.detach().numpy() instead.")
+        return self._val()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        v = self.numpy()
+        return v if dtype is None else v.astype(dtype)
+
+    def item(self) -> Any:
+        if self.numel() != 1:
+            raise RuntimeError(f"a Tensor with {self.numel()} elements cannot be converted to "
+                               "Scalar")
+        return self._val().reshape(()).item()
+
+    def tolist(self) -> Any:
+        return self._val().tolist()
+
+    def __bool__(self) -> bool:
+        if self.numel() != 1:
+            raise RuntimeError("Boolean value of Tensor with more than one value is "
+                               "ambiguous")
+        return bool(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        if is_float(self.dtype) or self.numel() != 1:
+            raise TypeError("only integer tensors of a single element can be converted to an "
+                            "index")
+        return int(self.item())
+
+    def __format__(self, spec: str) -> str:
+        if self.ndim == 0 and spec:
+            return format(self.item(), spec)
+        return format(repr(self), spec)
+
+    def __repr__(self) -> str:
+        from .tensor_format import tensor_repr
+        return tensor_repr(self)
+
+    def __reduce__(self) -> Any:
+        from .tensor_factories import tensor
+        return (tensor, (self._val(), None, self._rg))
+
+
+def _grad_name(name: str, args: tuple, kwargs: dict) -> str:
+    """PyTorch's grad_fn name for a `tg` op called with these arguments."""
+    if name in ("Sum", "Mean", "Prod"):
+        dim = kwargs.get("axis", kwargs.get("dim", args[1] if len(args) > 1 else None))
+        return f"{name}Backward{0 if dim is None else 1}"
+    if name in ("Max", "Min"):
+        dim = kwargs.get("axis", kwargs.get("dim", args[1] if len(args) > 1 else None))
+        return f"{name}Backward{1 if dim is None else 0}"
+    if name == "Pow":
+        if not isinstance(args[0], Tensor):
+            return "PowBackward2"
+        return "PowBackward1" if isinstance(args[1], Tensor) else "PowBackward0"
+    if name == "Sub" and not isinstance(args[0], Tensor):
+        return "RsubBackward1"
+    if name in ("Square", "Div") and not isinstance(args[0], Tensor) or name == "Dropout":
+        return "MulBackward0"
+    if name == "Square":
+        return "PowBackward0"
+    if name == "Mm":
+        nd = (np.ndim(args[0]) if not isinstance(args[0], Tensor) else args[0].ndim,
+              np.ndim(args[1]) if not isinstance(args[1], Tensor) else args[1].ndim)
+        return {(2, 2): "MmBackward0", (1, 1): "DotBackward0", (2, 1): "MvBackward0",
+                (1, 2): "SqueezeBackward4"}.get(nd, "UnsafeViewBackward0")
+    if name == "Index":
+        return _index_name(args[1])
+    if name == "Squeeze":
+        return "SqueezeBackward1" if len(args) > 1 or kwargs else "SqueezeBackward0"
+    if name == "Clamp":
+        return "ClampBackward1"
+    return f"{name}Backward0"
+
+
+def _index_name(index: Any) -> str:
+    items = index if isinstance(index, tuple) else (index,)
+    last = "Alias"
+    for i in items:
+        if isinstance(i, (Tensor, np.ndarray, list)):
+            return "IndexBackward0"
+        if i is None:
+            last = "Unsqueeze"
+        elif isinstance(i, (int, np.integer)):
+            last = "Select"
+        elif isinstance(i, slice) and i != slice(None):
+            last = "Slice"
+    return f"{last}Backward0"
+
+
+def _concrete(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """Inside a `jit`/`grad` trace, Tensors are plain values of that trace."""
+    def val(a: Any) -> Any:
+        if isinstance(a, Tensor):
+            return a._val()
+        if isinstance(a, (list, tuple)):
+            return type(a)(val(x) for x in a)
+        return a
+    return fn(*[val(a) for a in args], **{k: val(v) for k, v in kwargs.items()})
+
+
+def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True,
+           keep_arrays: bool = False, deps: tuple = ()) -> Any:
+    """Run the un-dispatched op `fn` on the arguments' IR values, recording a Node."""
+    if _trace_state.stack:
+        return _concrete(fn, args, kwargs)
+    b = _rec.builder
+    grad_on = mode.grad and grad
+    entries: list = []
+    seen: dict[int, Traced] = {}
+
+    def un(a: Any, top: bool) -> Any:
+        if isinstance(a, Tensor):
+            var = a._var
+            tr = seen.get(var.id)
+            if tr is None:
+                entries.append((var, a._gsrc() if grad_on else None,
+                                a._value if a._value is not None else a._node))
+                tr = seen[var.id] = Traced(b, var)
+            return tr
+        if isinstance(a, np.ndarray) and top and not keep_arrays:
+            var = Var(Aval(a.shape, a.dtype))
+            entries.append((var, None, a))
+            return Traced(b, var)
+        if isinstance(a, (list, tuple)) and not isinstance(a, Traced):
+            return type(a)(un(x, False) for x in a) if not hasattr(a, "_fields") else a
+        if isinstance(a, Traced):
+            raise _MixedTrace
+        return a
+
+    try:
+        args2 = [un(a, True) for a in args]
+        kwargs2 = {k: un(v, True) for k, v in kwargs.items()} if kwargs else kwargs
+    except _MixedTrace:
+        return _concrete(fn, args, kwargs)
+    b.source_override = user_source()
+    _trace_state.stack.append(b)
+    try:
+        out = fn(*args2, **kwargs2)
+        multi = isinstance(out, (list, tuple))
+        outs = list(out) if multi else [out]
+        out_vars = [_own_var(b, o, entries) for o in outs]
+        eqns = b.eqns
+        if b.constvars:
+            entries.extend((v, None, c) for v, c in zip(b.constvars, b.consts, strict=False))
+    finally:
+        _trace_state.stack.pop()
+        b.source_override = None
+        b.eqns = []
+        if b.constvars:
+            b.constvars, b.consts, b._const_ids, b._keepalive = [], [], {}, []
+    if deps:
+        entries.extend(deps)
+    requires = grad_on and any(e[1] is not None for e in entries)
+    node = Node(eqns, entries, [v for v in out_vars if v is not None], False)
+    results = []
+    for v in out_vars:
+        if v is None:
+            results.append(None)
+            continue
+        differentiable = requires and is_float(v.aval.dtype)
+        if differentiable:
+            node.grad = True
+        results.append(Tensor._from_var(v, node, node if differentiable else None))
+    if mode.inference:
+        for t in results:
+            if t is not None:
+                t._x = {"inference": True}
+    if node.grad:
+        node.name_ = _grad_name(name, args, kwargs)
+        _save(node, name, args, results[0])
+    return (type(out)(results) if not hasattr(out, "_fields") else type(out)(*results)) \
+        if multi else results[0]
+
+
+class _MixedTrace(Exception):
+    pass
+
+
+def _own_var(b: Builder, o: Any, entries: list) -> Var | None:
+    """The variable of op output `o`, copied when the op returned an input unchanged (each
+    output needs its own variable so gradients are routed per tensor)."""
+    if o is None:
+        return None
+    if not isinstance(o, Traced):
+        from ..ir import emit as E
+        arr = np.asarray(o)
+        o = E.full(arr.shape, arr.item(), arr.dtype) if arr.ndim == 0 else \
+            Traced(b, b.const(arr))
+    atom = o.atom
+    if isinstance(atom, Lit):
+        return b.emit("full", [], {"shape": (), "value": atom.value.item(),
+                                   "dtype": atom.aval.dtype})[0]
+    eqns = b.eqns
+    if eqns and eqns[-1].outvars[0] is atom:
+        return atom
+    if any(e[0] is atom for e in entries) or any(v is atom for v in b.constvars):
+        return b.emit("reshape", [atom], {"shape": atom.aval.shape})[0]
+    return atom
+
+
+def _save(node: Node, name: str, args: tuple, result: Tensor | None) -> None:
+    slots = SAVED.get(name)
+    if not slots:
+        node.saved = []
+        return
+    hooks = mode.saved_hooks[-1] if mode.saved_hooks else None
+    saved = []
+    for s in slots:
+        if s == "result":
+            if result is not None:
+                saved.append(SavedTensor(None, result._var, result._vc, s, node, hooks))
+        elif s < len(args) and isinstance(args[s], Tensor):
+            t = args[s]
+            if t._get("inference"):
+                raise RuntimeError(
+                    "Inference tensors cannot be saved for backward. Please do not use Tensors "
+                    "created in inference mode in computation tracked by autograd. To work "
+                    "around this, you can make a clone to get a normal tensor and use it in "
+                    "autograd, or use `torch.no_grad()` instead of `torch.inference_mode()`.")
+            saved.append(SavedTensor(t, t._var, t._vc, s, node, hooks))
+    if name == "Pow" and len(args) > 1 and not isinstance(args[1], Tensor):
+        node.fn_ctx = {"exponent": args[1]}
+    node.saved = saved
+
+
+dispatch.register_tensor_type(Tensor)
+
+
+def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """`tg.tensor` (defined in tensor_factories; here for modules that import this one)."""
+    from .tensor_factories import tensor as make
+    return make(data, dtype=dtype, requires_grad=requires_grad)
+
+
+def assign_(t: Tensor, value: Any) -> Tensor:
+    """Overwrite `t`'s value in place, outside autograd (as `t.copy_(value)` under no_grad)."""
+    arr = np.asarray(value._val() if isinstance(value, Tensor) else value, t.dtype)
+    if arr.shape != t.shape:
+        raise ValueError(f"cannot assign a value of shape {arr.shape} to a tensor of shape "
+                         f"{t.shape}")
+    t._var = Var(Aval(arr.shape, arr.dtype))
+    t._value, t._node = arr, None
+    t._vc[0] += 1
+    return t

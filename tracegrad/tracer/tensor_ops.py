@@ -1,0 +1,417 @@
+"""Tensor methods and operators (PyTorch spellings, `dim=`/`keepdim=` aliases), in-place
+ops with version counters, and slice assignment. Each records through `tensor.record`."""
+from __future__ import annotations
+
+from collections import namedtuple
+from typing import Any
+
+import numpy as np
+
+from ..ir import emit as E
+from . import numpy_api as tnp
+from .autograd_graph import MAX_LEAF_CHAIN, Node, realize
+from .grad_mode import mode
+from .indexing import _expand as expand_index
+from .indexing import getitem
+from .tensor import Tensor, record
+
+_DTYPES = {"float": np.float32, "double": np.float64, "half": np.float16, "int": np.int32,
+           "long": np.int64, "bool": np.bool_}
+
+ReturnTypes = namedtuple("ReturnTypes", ["values", "indices"])
+
+
+def _r(fn: Any) -> Any:
+    return getattr(fn, "raw", fn)
+
+
+# ---- operators -----------------------------------------------------------------------------------
+
+def _binary(fn: Any, name: str) -> tuple:
+    raw = _r(fn)
+
+    def op(self: Tensor, other: Any) -> Any:
+        return record(raw, name, (self, other), {})
+
+    def rop(self: Tensor, other: Any) -> Any:
+        return record(raw, name, (other, self), {})
+    return op, rop
+
+
+for _n, (_f, _stem) in {"add": (tnp.add, "Add"), "sub": (tnp.sub, "Sub"),
+                        "mul": (tnp.mul, "Mul"), "truediv": (tnp.div, "Div"),
+                        "pow": (tnp.pow, "Pow"), "matmul": (tnp.matmul, "Mm"),
+                        "floordiv": (tnp.floor_divide, "FloorDiv")}.items():
+    _op, _rop = _binary(_f, _stem)
+    setattr(Tensor, f"__{_n}__", _op)
+    setattr(Tensor, f"__r{_n}__", _rop)
+
+for _n, (_f, _stem) in {"lt": (tnp.less, "Lt"), "le": (tnp.less_equal, "Le"),
+                        "gt": (tnp.greater, "Gt"), "ge": (tnp.greater_equal, "Ge"),
+                        "and": (tnp.logical_and, "LogicalAnd"),
+                        "or": (tnp.logical_or, "LogicalOr")}.items():
+    _op, _rop = _binary(_f, _stem)
+    setattr(Tensor, f"__{_n}__", _op)
+    if _n in ("and", "or"):
+        setattr(Tensor, f"__r{_n}__", _rop)
+
+
+def _eq(self: Tensor, other: Any) -> Any:
+    if other is None:
+        return False
+    return record(_r(tnp.equal), "Eq", (self, other), {})
+
+
+def _ne(self: Tensor, other: Any) -> Any:
+    if other is None:
+        return True
+    return record(_r(tnp.not_equal), "Ne", (self, other), {})
+
+
+Tensor.__eq__ = _eq
+Tensor.__ne__ = _ne
+Tensor.__hash__ = lambda self: id(self)
+Tensor.__neg__ = lambda self: record(_r(tnp.neg), "Neg", (self,), {})
+Tensor.__pos__ = lambda self: self
+Tensor.__abs__ = lambda self: record(_r(tnp.abs), "Abs", (self,), {})
+Tensor.__invert__ = lambda self: record(_r(tnp.logical_not), "LogicalNot", (self,), {})
+
+
+# ---- methods -------------------------------------------------------------------------------------
+
+def _method(fn: Any, name: str) -> Any:
+    raw = _r(fn)
+
+    def m(self: Tensor, *args: Any, **kwargs: Any) -> Any:
+        return record(raw, name, (self,) + args, kwargs)
+    m.__name__ = getattr(fn, "__name__", name.lower())
+    return m
+
+
+_METHODS = {
+    "sum": (tnp.sum, "Sum"), "mean": (tnp.mean, "Mean"), "prod": (tnp.prod, "Prod"),
+    "argmax": (tnp.argmax, "Argmax"), "argmin": (tnp.argmin, "Argmin"),
+    "exp": (tnp.exp, "Exp"), "log": (tnp.log, "Log"), "log1p": (tnp.log1p, "Log1P"),
+    "expm1": (tnp.expm1, "Expm1"), "tanh": (tnp.tanh, "Tanh"),
+    "sigmoid": (tnp.sigmoid, "Sigmoid"), "relu": (tnp.relu, "Relu"),
+    "sqrt": (tnp.sqrt, "Sqrt"), "abs": (tnp.abs, "Abs"), "sin": (tnp.sin, "Sin"),
+    "cos": (tnp.cos, "Cos"), "tan": (tnp.tan, "Tan"), "erf": (tnp.erf, "Erf"),
+    "neg": (tnp.neg, "Neg"), "sign": (tnp.sign, "Sign"), "square": (tnp.square, "Square"),
+    "reciprocal": (tnp.reciprocal, "Reciprocal"), "pow": (tnp.pow, "Pow"),
+    "matmul": (tnp.matmul, "Mm"), "mm": (tnp.matmul, "Mm"), "dot": (tnp.dot, "Dot"),
+    "add": (tnp.add, "Add"), "sub": (tnp.sub, "Sub"), "mul": (tnp.mul, "Mul"),
+    "div": (tnp.div, "Div"), "maximum": (tnp.maximum, "Maximum"),
+    "minimum": (tnp.minimum, "Minimum"), "logsumexp": (tnp.logsumexp, "Logsumexp"),
+    "clamp": (tnp.clip, "Clamp"), "clip": (tnp.clip, "Clamp"),
+    "unsqueeze": (tnp.expand_dims, "Unsqueeze"), "squeeze": (tnp.squeeze, "Squeeze"),
+    "take": (tnp.take, "Take"), "astype": (tnp.astype, "ToCopy"),
+    "eq": (tnp.equal, "Eq"), "ne": (tnp.not_equal, "Ne"), "lt": (tnp.less, "Lt"),
+    "le": (tnp.less_equal, "Le"), "gt": (tnp.greater, "Gt"), "ge": (tnp.greater_equal, "Ge"),
+}
+for _n, (_f, _stem) in _METHODS.items():
+    setattr(Tensor, _n, _method(_f, _stem))
+
+
+def _with_alpha(fn: Any, name: str) -> Any:
+    raw = _r(fn)
+
+    def m(self: Tensor, other: Any, alpha: Any = 1) -> Any:
+        if alpha != 1:
+            other = other * alpha
+        return record(raw, name, (self, other), {})
+    return m
+
+
+def _functional(name: str, stem: str) -> Any:
+    def m(self: Tensor, *args: Any, **kwargs: Any) -> Any:
+        from ..nn import functional as F     # nn sits above the tracer: import when used
+        return record(_r(getattr(F, name)), stem, (self,) + args, kwargs)
+    m.__name__ = name
+    return m
+
+
+Tensor.softmax = _functional("softmax", "Softmax")
+Tensor.log_softmax = _functional("log_softmax", "LogSoftmax")
+Tensor.add = _with_alpha(tnp.add, "Add")
+Tensor.sub = _with_alpha(tnp.sub, "Sub")
+
+
+def _extreme(fn: Any, arg: Any, name: str, pair: str) -> Any:
+    def m(self: Tensor, dim: Any = None, keepdim: bool = False, **kw: Any) -> Any:
+        dim = kw.pop("axis", dim)
+        keepdim = kw.pop("keepdims", keepdim)
+        if isinstance(dim, Tensor):        # x.max(other): elementwise
+            return record(_r(pair), name + "imum", (self, dim), {})
+        if dim is None:
+            return record(_r(fn), name, (self,), {})
+        values = record(_r(fn), name, (self, dim), {"keepdims": keepdim})
+        indices = record(_r(arg), "Arg" + name.lower(), (self, dim), {"keepdims": keepdim})
+        return ReturnTypes(values, indices)
+    return m
+
+
+Tensor.max = _extreme(tnp.max, tnp.argmax, "Max", tnp.maximum)
+Tensor.min = _extreme(tnp.min, tnp.argmin, "Min", tnp.minimum)
+
+
+def _reshape(self: Tensor, *shape: Any) -> Tensor:
+    return record(_r(tnp.reshape), "View", (self,) + shape, {})
+
+
+def _transpose(self: Tensor, dim0: int = 0, dim1: int = 1) -> Tensor:
+    return record(_r(tnp.transpose), "Transpose", (self, dim0, dim1), {})
+
+
+def _permute(self: Tensor, *dims: Any) -> Tensor:
+    dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+    return record(_r(tnp.transpose), "Permute", (self, dims), {})
+
+
+def _t(self: Tensor) -> Tensor:
+    if self.ndim > 2:
+        raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is "
+                           f"{self.ndim}D")
+    return record(_r(tnp.transpose), "T", (self,), {})
+
+
+def _flatten(self: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    shape = self.shape
+    if not shape:
+        return _reshape(self, 1)
+    s, e = start_dim % len(shape), end_dim % len(shape)
+    new = shape[:s] + (int(np.prod(shape[s:e + 1])),) + shape[e + 1:]
+    return _reshape(self, new)
+
+
+def _expand(self: Tensor, *sizes: Any) -> Tensor:
+    sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) \
+        else sizes
+    lead = len(sizes) - self.ndim
+    shape = tuple(self.shape[i - lead] if d == -1 else d for i, d in enumerate(sizes))
+    return record(_r(tnp.broadcast_to), "Expand", (self, shape), {})
+
+
+def _clone(self: Tensor) -> Tensor:
+    return record(lambda x: x, "Clone", (self,), {})
+
+
+def _to(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    dtype = kwargs.get("dtype")
+    for a in args:
+        if isinstance(a, Tensor):
+            dtype = a.dtype
+        elif not isinstance(a, str):
+            dtype = a
+    if dtype is None or np.dtype(dtype) == self.dtype:
+        return self
+    return record(_r(tnp.astype), "ToCopy", (self, np.dtype(dtype)), {})
+
+
+def _cast(dtype: Any) -> Any:
+    return lambda self: _to(self, dtype)
+
+
+Tensor.reshape = _reshape
+Tensor.view = _reshape
+Tensor.transpose = _transpose
+Tensor.swapaxes = _transpose
+Tensor.permute = _permute
+Tensor.t = _t
+Tensor.T = property(lambda self: record(_r(tnp.transpose), "Permute", (self,), {}))
+Tensor.mT = property(lambda self: _transpose(self, -2, -1))
+Tensor.flatten = _flatten
+Tensor.expand = _expand
+Tensor.expand_as = lambda self, other: _expand(self, other.shape)
+Tensor.broadcast_to = _expand
+Tensor.view_as = lambda self, other: _reshape(self, other.shape)
+Tensor.reshape_as = lambda self, other: _reshape(self, other.shape)
+Tensor.clone = _clone
+Tensor.contiguous = lambda self: self
+Tensor.cpu = lambda self: self
+Tensor.to = _to
+Tensor.type_as = lambda self, other: _to(self, other.dtype)
+for _n, _d in _DTYPES.items():
+    setattr(Tensor, _n, _cast(_d))
+Tensor.where = lambda self, cond, other: record(_r(tnp.where), "Where", (cond, self, other), {})
+Tensor.masked_fill = lambda self, mask, value: record(
+    _r(tnp.where), "MaskedFill", (mask, value, self), {})
+Tensor.__getitem__ = lambda self, index: _getitem(self, index)
+Tensor.__iter__ = lambda self: (self[i] for i in range(len(self)))
+Tensor.equal = lambda self, other: bool(self.shape == other.shape and np.array_equal(
+    self._val(), other._val()))
+Tensor.allclose = lambda self, other, rtol=1e-5, atol=1e-8: bool(np.allclose(
+    self._val(), other._val() if isinstance(other, Tensor) else other, rtol, atol))
+
+
+def _getitem(self: Tensor, index: Any) -> Tensor:
+    mask = index if isinstance(index, (Tensor, np.ndarray)) else None
+    if mask is not None and mask.dtype == np.bool_:
+        m = mask._val() if isinstance(mask, Tensor) else mask
+        if m.shape != self.shape[:m.ndim]:
+            raise IndexError(f"The shape of the mask {list(m.shape)} does not match the shape "
+                             f"of the indexed tensor {list(self.shape)}")
+        flat = _reshape(self, (-1,) + self.shape[m.ndim:])
+        return record(_r(tnp.take), "Index", (flat, np.flatnonzero(m), 0), {},
+                      keep_arrays=True)
+    return record(_r(getitem), "Index", (self, index), {}, keep_arrays=True)
+
+
+# ---- in-place ------------------------------------------------------------------------------------
+
+def _check_inplace(self: Tensor) -> None:
+    if mode.grad and self._fn is None and self._rg:
+        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
+                           "operation.")
+    if self._get("inference") and not mode.inference:
+        raise RuntimeError(
+            "Inplace update to inference tensor outside InferenceMode is not allowed.You can "
+            "make a clone to get a normal tensor before doing inplace update.See "
+            "https://github.com/pytorch/rfcs/pull/17 for more details.")
+
+
+def assign(self: Tensor, new: Tensor) -> Tensor:
+    """Make `self` hold `new`'s value (and, if recorded with grad, its history); bump the
+    version counter. Writes through to the tensor `self` was detached from."""
+    if new.shape != self.shape:
+        raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast "
+                           f"shape {list(new.shape)}")
+    if new.dtype != self.dtype:
+        if np.can_cast(new.dtype, self.dtype, "same_kind"):
+            new = record(_r(tnp.astype), "ToCopy", (new, self.dtype), {})
+        else:
+            raise RuntimeError(f"result type {new.dtype} can't be cast to the desired output "
+                               f"type {self.dtype}")
+    prev = self._node if self._value is None else None
+    self._var, self._value, self._node = new._var, new._value, new._node
+    if new._fn is not None:
+        self._fn = new._fn
+        self._rg = True
+    elif self._fn is None and self._value is None:
+        _chain(self, prev)
+    self._vc[0] += 1
+    base = self._get("base")
+    if base is not None:
+        prev = base._node if base._value is None else None
+        base._var, base._value, base._node = self._var, self._value, self._node
+        if base._fn is None and base._value is None:
+            _chain(base, prev)
+    return self
+
+
+def _chain(leaf: Tensor, prev: Node | None) -> None:
+    """A leaf's value is now pending: mark the node, and compute it once chains get long."""
+    node = leaf._node
+    node.leaf_chain = 1 + (prev.leaf_chain if prev is not None else 0)
+    if node.leaf_chain > MAX_LEAF_CHAIN:
+        realize([leaf])
+
+
+def _inplace(fn: Any, name: str) -> Any:
+    raw = _r(fn)
+
+    def m(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        _check_inplace(self)
+        return assign(self, record(raw, name, (self,) + args, kwargs))
+    return m
+
+
+def _inplace_alpha(fn: Any, name: str) -> Any:
+    raw = _r(fn)
+
+    def m(self: Tensor, other: Any, alpha: Any = 1) -> Tensor:
+        _check_inplace(self)
+        if alpha != 1:
+            other = other * alpha
+        return assign(self, record(raw, name, (self, other), {}))
+    return m
+
+
+for _n, (_f, _stem) in {"mul_": (tnp.mul, "Mul"), "div_": (tnp.div, "Div"),
+                        "pow_": (tnp.pow, "Pow"), "clamp_": (tnp.clip, "Clamp"),
+                        "exp_": (tnp.exp, "Exp"), "tanh_": (tnp.tanh, "Tanh"),
+                        "relu_": (tnp.relu, "Relu"), "sigmoid_": (tnp.sigmoid, "Sigmoid"),
+                        "neg_": (tnp.neg, "Neg"), "sqrt_": (tnp.sqrt, "Sqrt"),
+                        "abs_": (tnp.abs, "Abs"), "log_": (tnp.log, "Log")}.items():
+    setattr(Tensor, _n, _inplace(_f, _stem))
+Tensor.add_ = _inplace_alpha(tnp.add, "Add")
+Tensor.sub_ = _inplace_alpha(tnp.sub, "Sub")
+Tensor.__iadd__ = lambda self, other: Tensor.add_(self, other)
+Tensor.__isub__ = lambda self, other: Tensor.sub_(self, other)
+Tensor.__imul__ = lambda self, other: Tensor.mul_(self, other)
+Tensor.__itruediv__ = lambda self, other: Tensor.div_(self, other)
+
+
+def _set_value(self: Tensor, value: np.ndarray) -> Tensor:
+    """Overwrite with a concrete value (the tensor leaves the graph, as a filled leaf)."""
+    _check_inplace(self)
+    if self._fn is not None and mode.grad:
+        return assign(self, record(lambda x, v: x * 0 + v, "Fill", (self, value), {}))
+    new = Tensor._leaf(np.asarray(value, self.dtype))
+    return assign(self, new)
+
+
+Tensor.zero_ = lambda self: _set_value(self, np.zeros(self.shape, self.dtype))
+Tensor.fill_ = lambda self, v: _set_value(self, np.full(self.shape, v._val() if isinstance(
+    v, Tensor) else v, self.dtype))
+
+
+def _copy_(self: Tensor, src: Any) -> Tensor:
+    _check_inplace(self)
+    src = src if isinstance(src, Tensor) else Tensor._leaf(np.asarray(src))
+    return assign(self, record(lambda x, s: E.broadcast_to(E.convert(s, x.dtype), x.shape),
+                               "Copy", (self, src), {}))
+
+
+def _uniform_(self: Tensor, a: float = 0.0, b: float = 1.0) -> Tensor:
+    from .random import numpy_rng
+    return _set_value(self, numpy_rng().uniform(a, b, self.shape))
+
+
+def _normal_(self: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
+    from .random import numpy_rng
+    return _set_value(self, numpy_rng().normal(mean, std, self.shape))
+
+
+Tensor.copy_ = _copy_
+Tensor.uniform_ = _uniform_
+Tensor.normal_ = _normal_
+
+
+def _setitem(self: Tensor, index: Any, value: Any) -> None:
+    _check_inplace(self)
+    if isinstance(index, Tensor) and index.dtype == np.bool_:
+        new = record(lambda x, m, v: E.where(m, E.convert(v, x.dtype) if not isinstance(
+            v, (int, float)) else v, x), "MaskedFill", (self, index, value), {})
+    else:
+        new = record(lambda x, v: _scatter(x, v, index), "CopySlices", (self, value), {})
+    if new._fn is not None:
+        new._fn.name_ = "CopySlices"
+    assign(self, new)
+
+
+Tensor.__setitem__ = _setitem
+
+
+def _scatter(x: Any, v: Any, index: Any) -> Any:
+    """`x` with `x[index]` replaced by `v` (basic indexing: ints, slices, `...`)."""
+    shape = tuple(x.shape)
+    items = expand_index(index, len(shape))
+    if any(i is None or not isinstance(i, (int, np.integer, slice)) for i in items):
+        raise NotImplementedError("slice assignment supports ints, slices and '...'; use "
+                                  "tg.where for masks")
+    slices, sub, kept = [], [], []
+    for item, n in zip(items, shape, strict=False):
+        if isinstance(item, slice):
+            s = item.indices(n)
+            slices.append(s)
+            sub.append(len(range(*s)))
+            kept.append(len(range(*s)))
+        else:
+            i = int(item) % n
+            slices.append((i, i + 1, 1))
+            sub.append(1)
+    v = E.broadcast_to(E.asdtype(v, x.dtype), kept)
+    v = E.reshape(v, sub)
+    mask = np.zeros(shape, np.bool_)
+    mask[tuple(slice(*s) for s in slices)] = True
+    return E.where(mask, E.pad_slice(v, shape, slices), x)
