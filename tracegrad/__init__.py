@@ -27,3 +27,12 @@ __version__ = "0.1.0"
 from . import optim, viz  # noqa: E402
 from .checkpoint import checkpoint  # noqa: E402
 from .serialization import load, save  # noqa: E402
+from .tracer import tensor_ops as _tensor_ops  # noqa: E402, F401  (Tensor methods)
+from .tracer.grad_mode import (  # noqa: E402
+    enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled,
+)
+from .tracer.tensor import Tensor  # noqa: E402
+from .tracer.tensor_factories import (  # noqa: E402
+    arange, eye, full, linspace, ones, ones_like, rand, randn, tensor, zeros, zeros_like,
+)
+from . import autograd  # noqa: E402
