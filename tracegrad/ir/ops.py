@@ -284,7 +284,9 @@ def _ref_reduce(fn: Callable) -> Callable:
 def np_index(index: tuple) -> tuple[slice, ...]:
     """A slice index `((start, stop, step), ...)` selects `range(start, stop, step)` on each
     axis, like Python's range: a negative stop only ever means 'past the front'."""
-    return tuple(slice(a, None if b < 0 else b, c) for a, b, c in index)
+    # an empty range can start at -1 (x[-5::-1] on 3 elements), which numpy reads as the end
+    return tuple(slice(0, 0, 1) if not len(range(a, b, c)) else
+                 slice(a, None if b < 0 else b, c) for a, b, c in index)
 
 
 def _ref_slice(x, *, index):
