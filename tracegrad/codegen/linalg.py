@@ -12,11 +12,13 @@ import numpy as np
 from llvmlite import ir
 
 from .dtypes import I8, I32, I64, VOID, const, i64, is_float
-from .kernel import Kernel
+from .kernel import Kernel, if_then
 from .plan import Group
 
 BLAS_MIN_WORK = 32 ** 3
-SLOT_PAR, SLOT_SGEMM, SLOT_DGEMM = 0, 1, 2
+GEMM_TASK_WORK = 1 << 21     # multiply-adds per task when a GEMM is split across the pool
+MAX_GEMM_TASKS = 16
+SLOT_PAR, SLOT_SGEMM, SLOT_DGEMM, SLOT_BLAS_THREADS = 0, 1, 2, 3
 
 
 def gemm_dims(group: Group) -> tuple[int, int, int, int]:
@@ -61,7 +63,7 @@ def emit_matmul(k: Kernel, group: Group, blas: bool) -> None:
     sa0, sa1 = (1, m) if ta else (kk, 1)
     sb0, sb1 = (1, kk) if tb else (n, 1)
     if blas:
-        _blas(k, dt, batch, m, kk, n, ta, tb, pa, pb, pc)
+        _blas(k, group, ta, tb, pa, pb, pc)
         return
 
     def each_batch(t):
@@ -89,9 +91,24 @@ def emit_matmul(k: Kernel, group: Group, blas: bool) -> None:
     k.for_range(i64(0), i64(batch), each_batch)
 
 
-def _blas(k: Kernel, dt, batch, m, kk, n, ta, tb, pa, pb, pc) -> None:
+def gemm_tasks(group: Group) -> tuple[int, int]:
+    """(tasks, rows per task) for a BLAS matmul: big ones split C's rows (or the batch)
+    across the pool; OpenBLAS itself then runs single-threaded in each task."""
+    batch, m, kk, n = gemm_dims(group)
+    tasks = min(MAX_GEMM_TASKS, batch * m * kk * n // GEMM_TASK_WORK)
+    if tasks < 2:
+        return 1, m
+    if batch > 1:
+        return batch, m
+    rows = -(-m // min(tasks, m))
+    return -(-m // rows), rows
+
+
+def _blas(k: Kernel, group: Group, ta: bool, tb: bool, pa, pb, pc) -> None:
     """Row-major C = op(A) op(B) as column-major C^T = op(B)^T op(A)^T through ?gemm."""
     b = k.b
+    batch, m, kk, n = gemm_dims(group)
+    tasks, rows = gemm_tasks(group)
     ft = pa.type.pointee
     i32p = I32.as_pointer()
     fnty = ir.FunctionType(VOID, [I8.as_pointer()] * 2 + [i32p] * 3 + [ft.as_pointer()] * 2
@@ -101,24 +118,45 @@ def _blas(k: Kernel, dt, batch, m, kk, n, ta, tb, pa, pb, pc) -> None:
 
     def cell(t: ir.Type, v) -> ir.Value:
         p = k.alloca(t)
-        b.store(ir.Constant(t, v), p)
+        b.store(v if isinstance(v, ir.Value) else ir.Constant(t, v), p)
         return p
+
+    # the thread-local OpenBLAS thread count is set to 1 around our calls, then restored
+    set_threads = k.ptrs["blas_threads"]
+    has_setter = b.icmp_unsigned("!=", set_threads, ir.Constant(set_threads.type, None))
+    setter = b.bitcast(set_threads, ir.FunctionType(I32, [I32]).as_pointer())
+    old = k.alloca(I32)
+    b.store(ir.Constant(I32, 0), old)
+    if_then(b, has_setter, lambda: b.store(b.call(setter, [ir.Constant(I32, 1)]), old))
 
     trans_b = cell(I8, ord("T") if tb else ord("N"))
     trans_a = cell(I8, ord("T") if ta else ord("N"))
-    mm, nn, kp = cell(I32, n), cell(I32, m), cell(I32, kk)
+    mm, kp = cell(I32, n), cell(I32, kk)
     lda = cell(I32, kk if tb else n)    # leading dim of the stored B
     ldb = cell(I32, m if ta else kk)    # leading dim of the stored A
     ldc = cell(I32, n)
     alpha, beta = cell(ft, 1.0), cell(ft, 0.0)
 
-    def each_batch(t):
-        ob, oa, oc = (b.mul(t, i64(s)) for s in (kk * n, m * kk, m * n))
-        b.call(fp, [trans_b, trans_a, mm, nn, kp, alpha,
+    def call(t, r0, nrows):
+        # rows r0.. of op(A) start at r0 * (row stride) of the stored operand
+        ob, oc = b.mul(t, i64(kk * n)), b.add(b.mul(t, i64(m * n)), b.mul(r0, i64(n)))
+        oa = b.add(b.mul(t, i64(m * kk)), b.mul(r0, i64(1 if ta else kk)))
+        b.call(fp, [trans_b, trans_a, mm, cell(I32, nrows), kp, alpha,
                     b.gep(pb, [ob], inbounds=True), lda,
                     b.gep(pa, [oa], inbounds=True), ldb, beta,
                     b.gep(pc, [oc], inbounds=True), ldc])
-    k.for_range(i64(0), i64(batch), each_batch)
+
+    if tasks == 1:
+        k.for_range(i64(0), i64(batch), lambda t: call(t, i64(0), ir.Constant(I32, m)))
+    elif batch > 1:
+        call(k.task, i64(0), ir.Constant(I32, m))
+    else:
+        r0 = b.mul(k.task, i64(rows))
+        left = b.trunc(b.sub(i64(m), r0), I32)
+        nrows = b.select(b.icmp_signed("<", left, ir.Constant(I32, rows)), left,
+                         ir.Constant(I32, rows))
+        call(i64(0), r0, nrows)
+    if_then(b, has_setter, lambda: b.call(setter, [b.load(old)]))
 
 
 def emit_scatter_add(k: Kernel, group: Group) -> None:
@@ -162,4 +200,5 @@ def emit_scatter_add(k: Kernel, group: Group) -> None:
     k.for_range(i64(0), i64(pre), outer)
 
 
-__all__ = ["emit_matmul", "emit_scatter_add", "gemm_dims", "gemm_slot", "uses_blas"]
+__all__ = ["emit_matmul", "emit_scatter_add", "gemm_dims", "gemm_slot", "gemm_tasks",
+           "uses_blas"]

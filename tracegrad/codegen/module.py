@@ -15,14 +15,22 @@ from llvmlite import ir
 from ..ir import Graph, Lit, Var
 from .dtypes import I64, PTR, VOID, i64
 from .kernel import KERNEL_TYPE, Kernel
-from .linalg import emit_matmul, emit_scatter_add, gemm_slot, uses_blas
+from .linalg import (SLOT_BLAS_THREADS, emit_matmul, emit_scatter_add, gemm_slot, gemm_tasks,
+                     uses_blas)
 from .loops import emit_argreduce, emit_combine, emit_loop_group, reductions, split
 from .plan import Group, plan_graph
-from .scalar import OUTLINE_MATH
+from .scalar import OUTLINE_MATH, TRANSCENDENTAL
 
 ENTRY = "tg_entry"
-INLINE_MATH_MIN_SIZE = 4096   # smaller loops call one out-of-line copy of each math function
-FIRST_SLOT = 3
+# Inlined math vectorises but costs compile time per copy: loops smaller than this call one
+# out-of-line copy of each function, unless the whole graph has only a few math calls.
+INLINE_MATH_MIN_SIZE = 4096
+INLINE_MATH_MAX_SITES = 48
+FIRST_SLOT = 4
+# Inputs and outputs are passed as numpy array objects; the entry reads each one's data
+# pointer, the first field after PyObject_HEAD (checked by the runtime at import), so the
+# per-call Python work is one table store per array.
+ARRAY_DATA_OFFSET = 16
 ALIGN = 64
 PAR_TYPE = ir.FunctionType(VOID, [KERNEL_TYPE.as_pointer(), PTR.as_pointer(), I64])
 
@@ -34,6 +42,7 @@ class Layout:
     input_slots: list[int]
     const_slots: list[tuple[int, int]]        # (slot, index into graph.consts)
     outputs: list[tuple]                      # ("slot", s) ("arg", i) ("const", j) ("lit",)
+    object_slots: list[int] = field(default_factory=list)   # hold arrays, not data pointers
     workspace: list[tuple[int, int]] = field(default_factory=list)   # (slot, byte offset)
     workspace_size: int = 0
     n_kernels: int = 0
@@ -62,6 +71,7 @@ class _Lowering:
         self.graph = graph
         self.use_blas = use_blas
         self.plan = plan_graph(graph)
+        self.math_sites = sum(e.op in TRANSCENDENTAL for e in self.plan.graph.eqns)
         self.module = ir.Module(name="tracegrad")
         self.slot: dict[Any, int] = {}
         self.dtype: dict[Any, np.dtype] = {}
@@ -124,6 +134,12 @@ class _Lowering:
         entry = ir.Function(self.module, ir.FunctionType(VOID, [PTR.as_pointer()]), ENTRY)
         b = ir.IRBuilder(entry.append_basic_block("entry"))
         table = entry.args[0]
+        layout.object_slots = list(layout.input_slots) + [o[1] for o in layout.outputs
+                                                          if o[0] == "slot"]
+        for s in layout.object_slots:
+            cell = b.gep(table, [i64(s)], inbounds=True)
+            obj = b.gep(b.load(cell), [i64(ARRAY_DATA_OFFSET)], inbounds=True)
+            b.store(b.load(b.bitcast(obj, PTR.as_pointer())), cell)
         par = None
         for fn, tasks in calls:
             if tasks == 1:
@@ -146,11 +162,13 @@ class _Lowering:
             keys = [a.id for a, _ in group.operands] + [group.eqns[0].out.id]
             blas = self.use_blas and uses_blas(group)
             if blas:
-                keys.append("gemm")
+                keys += ["gemm", "blas_threads"]
                 self.slot["gemm"], self.dtype["gemm"] = gemm_slot(group), np.dtype(np.int8)
+                self.slot["blas_threads"] = SLOT_BLAS_THREADS
+                self.dtype["blas_threads"] = np.dtype(np.int8)
             k = self.kernel(name, keys)
             emit_matmul(k, group, blas)
-            return [(k.finish(), 1)]
+            return [(k.finish(), gemm_tasks(group)[0] if blas else 1)]
         reads = [a.id for e in group.eqns for a in e.inputs
                  if isinstance(a, Var) and a.id not in produced]
         if group.kind == "scatter_add":
@@ -172,7 +190,8 @@ class _Lowering:
                 self.new_slot(key, dt, tasks * r.out_size * dt.itemsize)
                 partial_keys[id(r.eqn)] = key
         k = self.kernel(name, reads + writes + list(partial_keys.values()))
-        token = OUTLINE_MATH.set(group.size < INLINE_MATH_MIN_SIZE)
+        token = OUTLINE_MATH.set(group.size < INLINE_MATH_MIN_SIZE
+                                 and self.math_sites > INLINE_MATH_MAX_SITES)
         try:
             emit_loop_group(k, group, produced, p, tasks, partial_keys)
         finally:

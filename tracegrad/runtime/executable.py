@@ -8,9 +8,20 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..codegen import Layout
+from ..codegen.module import ARRAY_DATA_OFFSET, FIRST_SLOT
 from ..ir import Graph, Lit
-from .blas import gemm_addresses
+from .blas import blas_threads_address, gemm_addresses
 from .pool import PARALLEL_FOR_ADDR
+
+
+def _check_array_layout() -> None:
+    a = np.empty(3)
+    if ctypes.c_void_p.from_address(id(a) + ARRAY_DATA_OFFSET).value != a.ctypes.data:
+        raise ImportError("tracegrad: unexpected numpy array object layout; the native "
+                          "backend cannot read array data pointers on this build")
+
+
+_check_array_layout()
 
 ENTRY_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _ALIGN = 64
@@ -20,10 +31,11 @@ class _Frame:
     """One buffer table and workspace; a call that finds the shared one busy makes its own."""
 
     def __init__(self, layout: Layout, consts: Sequence[np.ndarray]):
-        self.table = (ctypes.c_void_p * max(layout.n_slots, 3))()
+        self.table = (ctypes.c_void_p * max(layout.n_slots, FIRST_SLOT))()
         self.addr = ctypes.addressof(self.table)
         sgemm, dgemm = gemm_addresses()
         self.table[0], self.table[1], self.table[2] = PARALLEL_FOR_ADDR, sgemm, dgemm
+        self.table[3] = blas_threads_address()
         self.keep = list(consts)
         for slot, j in layout.const_slots:
             self.table[slot] = consts[j].ctypes.data
@@ -53,6 +65,11 @@ class Executable:
         self._out_avals = [a.aval for a in graph.outvars]
         self._lits = [a.value if isinstance(a, Lit) else None for a in graph.outvars]
         self._frame = _Frame(layout, self._consts)
+        self._in_slots = list(layout.input_slots)
+        slots = [(k, w[1]) for k, w in enumerate(layout.outputs) if w[0] == "slot"]
+        self._out_slots = [s for _, s in slots]
+        self._slot_avals = [self._out_avals[k] for k, _ in slots]
+        self._simple = len(slots) == len(layout.outputs)
         self._lock = threading.Lock()
 
     @property
@@ -68,49 +85,58 @@ class Executable:
             self._texts[what] = self._code_text(what)
         return self._texts[what]
 
-    def _check(self, args: Sequence[Any]) -> list[np.ndarray]:
-        if len(args) != len(self._in):
-            raise TypeError(f"compiled graph takes {len(self._in)} arguments, got {len(args)}")
-        arrays = []
-        for i, (a, (shape, dtype)) in enumerate(zip(args, self._in, strict=False)):
-            if not isinstance(a, np.ndarray):
-                try:
-                    a = np.asarray(a)
-                except Exception:
-                    raise TypeError(f"argument {i} of type {type(a).__name__} is not an "
-                                    "array") from None
-            if a.shape != shape or a.dtype != dtype:
-                raise TypeError(f"argument {i} must be {dtype}{list(shape)}, got "
-                                f"{a.dtype}{list(a.shape)}")
-            if not a.flags.c_contiguous or not a.flags.aligned:
-                a = np.ascontiguousarray(a)
-            arrays.append(a)
-        return arrays
+    def _convert(self, i: int, a: Any) -> np.ndarray:
+        """The slow path: non-arrays, wrong types, and layouts native code cannot read."""
+        shape, dtype = self._in[i]
+        if not isinstance(a, np.ndarray):
+            try:
+                a = np.asarray(a)
+            except Exception:
+                raise TypeError(f"argument {i} of type {type(a).__name__} is not an "
+                                "array") from None
+            if a.dtype == object:
+                raise TypeError(f"argument {i} of type {type(a).__name__} is not an array")
+        if a.shape != shape or a.dtype != dtype:
+            raise TypeError(f"argument {i} must be {dtype}{list(shape)}, got "
+                            f"{a.dtype}{list(a.shape)}")
+        if type(a) is not np.ndarray:
+            a = np.asarray(a)
+        if not a.flags.c_contiguous or not a.flags.aligned:
+            a = np.ascontiguousarray(a)
+        return a
 
     def __call__(self, args: Sequence[Any]) -> list[np.ndarray]:
-        arrays = self._check(args)
-        lay = self.layout
-        outs: dict[int, np.ndarray] = {}
+        if len(args) != len(self._in):
+            raise TypeError(f"compiled graph takes {len(self._in)} arguments, got {len(args)}")
+        arrays = list(args)
+        for i, (a, (shape, dtype)) in enumerate(zip(arrays, self._in, strict=True)):
+            if (type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype
+                    or not a.flags.c_contiguous):
+                arrays[i] = self._convert(i, a)
+        outs = [np.empty(av.shape, av.dtype) for av in self._slot_avals]
         shared = self._lock.acquire(blocking=False)
         try:
-            frame = self._frame if shared else _Frame(lay, self._consts)
+            frame = self._frame if shared else _Frame(self.layout, self._consts)
             table = frame.table
-            for slot, a in zip(lay.input_slots, arrays, strict=False):
-                table[slot] = a.ctypes.data
-            for k, where in enumerate(lay.outputs):
-                if where[0] == "slot":
-                    av = self._out_avals[k]
-                    o = outs[k] = np.empty(av.shape, av.dtype)
-                    table[where[1]] = o.ctypes.data
+            for slot, a in zip(self._in_slots, arrays, strict=True):
+                table[slot] = id(a)
+            for slot, o in zip(self._out_slots, outs, strict=True):
+                table[slot] = id(o)
             self._entry(frame.addr)
         finally:
             if shared:
                 self._lock.release()
-        results = []
-        for k, where in enumerate(lay.outputs):
+        if self._simple:
+            return outs
+        return self._assemble(arrays, outs)
+
+    def _assemble(self, arrays: list, outs: list) -> list[np.ndarray]:
+        results: list[np.ndarray] = []
+        it = iter(outs)
+        for k, where in enumerate(self.layout.outputs):
             kind = where[0]
             if kind == "slot":
-                results.append(outs[k])
+                results.append(next(it))
             elif kind == "arg":
                 results.append(np.array(arrays[where[1]]))
             elif kind == "const":
