@@ -230,6 +230,18 @@ def test_maximum_minimum_ties_split_evenly():
     np.testing.assert_array_equal(t, [2, 3, 1])
 
 
+def test_pow_at_zero():
+    x = np.array([0.0, 0.0, 2.0])
+    # x**0 is constant (PyTorch: gradient 0, not 0 * 0**-1 = nan); 0**2 has gradient 0
+    np.testing.assert_array_equal(tg.grad(lambda x: tg.sum(x ** 0.0))(x), [0, 0, 0])
+    np.testing.assert_array_equal(tg.grad(lambda x: tg.sum(x ** 2.0))(x), [0, 0, 4])
+    np.testing.assert_array_equal(tg.jvp(lambda x: x ** 0.0, (x,), (np.ones(3),))[1], 0)
+    y = np.array([0.0, 2.0, 3.0])
+    gx, gy = tg.grad(lambda x, y: tg.sum(x ** y), argnums=(0, 1))(x, y)
+    np.testing.assert_array_equal(gx, [0, 0, 12])
+    np.testing.assert_allclose(gy, [0, 0, 8 * np.log(2)])
+
+
 def test_clip_passes_gradient_at_the_bounds():
     x = np.array([-2.0, 0.0, 0.5, 1.0, 3.0])
     np.testing.assert_array_equal(tg.grad(lambda x: tg.sum(tg.clip(x, 0.0, 1.0)))(x),

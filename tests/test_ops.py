@@ -190,6 +190,8 @@ for _dt in ALL:
         Case("reshape", lambda x: tg.reshape(x, (4, 6)), lambda x: x.reshape(4, 6), [_x]),
         Case("reshape", lambda x: tg.reshape(x, 3, -1), lambda x: x.reshape(3, -1), [_x]),
         Case("reshape", lambda x: tg.expand_dims(x, 1), lambda x: np.expand_dims(x, 1), [_x]),
+        Case("reshape", lambda x: tg.expand_dims(x, (0, -1)),
+             lambda x: np.expand_dims(x, (0, -1)), [_x]),
         Case("reshape", lambda x: tg.squeeze(x[:1]), lambda x: np.squeeze(x[:1]), [_x]),
         Case("broadcast", lambda x: tg.broadcast_to(x, (5, 2, 3, 4)),
              lambda x: np.broadcast_to(x, (5, 2, 3, 4)), [_x]),

@@ -117,6 +117,8 @@ def test_non_differentiable_points_match_torch():
     compare_with_torch(lambda a: tg.sqrt(a + 1.0), lambda a: torch.sqrt(a + 1.0), x)
     compare_with_torch(lambda a: tg.prod(a), torch.prod, x)           # zeros in the product
     compare_with_torch(lambda a: tg.prod(a), torch.prod, np.array([1.0, 0.0, 3.0]))
+    compare_with_torch(lambda a: a ** 0.0, lambda a: a ** 0.0, x)
+    compare_with_torch(lambda a, b: tg.pow(a, b), torch.pow, np.abs(x), y)
 
 
 @needs_torch

@@ -70,6 +70,11 @@ def _min_mask(g: Any, x: Any, y: Any) -> tuple[Any, Any]:
     return _max_mask(g, y, x)
 
 
+def _pow_dx(x: Any, y: Any) -> Any:
+    """y * x**(y-1), and 0 where y == 0 (as PyTorch: x**0 is constant, even at x = 0)."""
+    return E.where(E.equal(y, 0.0), 0.0, y * E.pow(x, y - 1.0))
+
+
 def _pow_dy(x: Any, out: Any) -> Any:
     positive = E.greater(x, 0.0)
     return out * E.where(positive, E.log(E.where(positive, x, 1.0)), 0.0)
@@ -167,7 +172,7 @@ VJP.update({
     "sub": lambda g, x, y, out: (_ub(g, x), _ub(-g, y)),
     "mul": lambda g, x, y, out: (_ub(g * y, x), _ub(g * x, y)),
     "div": lambda g, x, y, out: (_ub(g / y, x), _ub(-g * out / y, y)),
-    "pow": lambda g, x, y, out: (_ub(g * y * E.pow(x, y - 1.0), x), _ub(g * _pow_dy(x, out), y)),
+    "pow": lambda g, x, y, out: (_ub(g * _pow_dx(x, y), x), _ub(g * _pow_dy(x, out), y)),
     "max": lambda g, x, y, out: tuple(map(_ub, _max_mask(g, x, y), (x, y))),
     "min": lambda g, x, y, out: tuple(map(_ub, _min_mask(g, x, y), (x, y))),
     "select": lambda g, c, x, y, out: (None, _ub(E.where(c, g, 0.0), x),
@@ -243,7 +248,7 @@ JVP.update({
     "div": lambda tx, ty, x, y, out: _sum_tangents(
         None if tx is None else tx / y, None if ty is None else -ty * out / y, shape=out.shape),
     "pow": lambda tx, ty, x, y, out: _sum_tangents(
-        _mul_t(tx, y * E.pow(x, y - 1.0)), _mul_t(ty, _pow_dy(x, out)), shape=out.shape),
+        _mul_t(tx, _pow_dx(x, y)), _mul_t(ty, _pow_dy(x, out)), shape=out.shape),
     "max": lambda tx, ty, x, y, out: _minmax_jvp(_max_mask, tx, ty, x, y, out),
     "min": lambda tx, ty, x, y, out: _minmax_jvp(_min_mask, tx, ty, x, y, out),
     "select": _select_jvp,

@@ -286,11 +286,12 @@ def broadcast_to(x: Any, shape: Sequence[int]) -> Any:
 
 
 @op("Unsqueeze")
-def expand_dims(x: Any, axis: int) -> Any:
+def expand_dims(x: Any, axis: int | Sequence[int]) -> Any:
     x = _arr(x)
     shape = list(E.shape_of(x))
-    axis = axis % (len(shape) + 1)
-    shape.insert(axis, 1)
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    for a in sorted(a % (len(shape) + len(axes)) for a in axes):   # as numpy: output axes
+        shape.insert(a, 1)
     return E.reshape(x, shape)
 
 
