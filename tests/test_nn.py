@@ -305,3 +305,78 @@ def test_embedding_matches_torch():
     (ref(torch.from_numpy(idx)) ** 2).sum().backward()
     g = tg.grad(lambda p: tg.sum(emb.apply(p, idx) ** 2))(emb.param_dict())["weight"]
     np.testing.assert_allclose(g, ref.weight.grad.numpy(), rtol=1e-12)
+
+
+# ---- eager use with Tensors ----------------------------------------------------------------
+
+def test_parameters_are_leaf_tensors_and_register_on_assignment():
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.s = nn.Parameter(np.full(3, 2.0, np.float32))
+            self.note = np.zeros(3)       # a plain attribute, not a parameter
+
+        def forward(self, x):
+            return x * self.s
+
+    m = Scale()
+    assert [n for n, _ in m.named_parameters()] == ["s"]
+    assert isinstance(m.s, tg.Tensor) and m.s.is_leaf and m.s.requires_grad
+    assert repr(m.s).startswith("Parameter containing:\ntensor(")
+    x = tg.tensor(np.ones(3, np.float32))
+    tg.sum(m(x)).backward()
+    np.testing.assert_array_equal(m.s.grad.numpy(), 1.0)
+    m.zero_grad()
+    assert m.s.grad is None
+
+
+def test_batchnorm_mode_is_orthogonal_to_no_grad():
+    bn = nn.BatchNorm1d(2)
+    x = tg.tensor(np.array([[1.0, 2.0], [3.0, 6.0]], np.float32))
+    with tg.no_grad():                      # training mode: batch statistics, stats updated
+        y = bn(x)
+    np.testing.assert_allclose(y.numpy(), [[-1, -1], [1, 1]], atol=1e-4)
+    assert y.grad_fn is None and int(bn.num_batches_tracked.numpy()) == 1
+    bn.eval()                               # eval mode with grad: running statistics
+    out = bn(x)
+    tg.sum(out).backward()
+    rm, rv = bn.running_mean.numpy(), bn.running_var.numpy()
+    np.testing.assert_allclose(out.detach().numpy(), (x.numpy() - rm) / np.sqrt(rv + 1e-5),
+                               rtol=1e-5)
+    assert bn.weight.grad is not None and int(bn.num_batches_tracked.numpy()) == 1
+
+
+def test_eager_training_matches_torch():
+    torch = pytest.importorskip("torch")
+    tg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    model.double()
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),
+                              torch.nn.ReLU(), torch.nn.Linear(8, 3)).double()
+    ref.load_state_dict({k: torch.from_numpy(v) for k, v in model.state_dict().items()})
+    opt = tg.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    topt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    x, y = data(16, dtype=np.float64)
+    for _ in range(5):
+        opt.zero_grad()
+        F.cross_entropy(model(tg.tensor(x)), tg.tensor(y)).backward()
+        opt.step()
+        topt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(torch.from_numpy(x)),
+                                          torch.from_numpy(y)).backward()
+        topt.step()
+    want = ref.state_dict()
+    for k, v in model.state_dict().items():
+        np.testing.assert_allclose(v, want[k].numpy(), rtol=1e-7, atol=1e-10, err_msg=k)
+
+
+def test_eager_dropout_masks_values_and_gradients():
+    tg.manual_seed(0)
+    drop = nn.Dropout(0.5)
+    x = tg.tensor(np.ones((8, 32), np.float32), requires_grad=True)
+    y = drop(x)
+    tg.sum(y).backward()
+    np.testing.assert_array_equal(x.grad.numpy(), y.detach().numpy())   # d(mask*x/0.5)/dx
+    assert set(np.unique(y.detach().numpy())) == {0.0, 2.0}
+    drop.eval()
+    assert drop(x) is x

@@ -137,3 +137,82 @@ def test_optimizer_param_groups_and_state_dict_layout():
     assert sd["param_groups"][0]["params"] == [0] and sd["param_groups"][1]["params"] == [1]
     with pytest.raises(ValueError, match="more than one parameter group"):
         opt.add_param_group({"params": [a]})
+
+
+# ---- the eager optimizers on Tensors -------------------------------------------------------
+
+TORCH_CLASSES = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}
+
+
+@pytest.mark.parametrize("kind,hyper", CASES)
+def test_eager_optimizers_match_torch(kind, hyper):
+    torch = pytest.importorskip("torch")
+    params, _, x, y = problem()
+    w = tg.tensor(params["w"], requires_grad=True)
+    b = tg.tensor(params["b"], requires_grad=True)
+    opt = getattr(optim, TORCH_CLASSES[kind])([w, b], **hyper)
+    for _ in range(6):
+        opt.zero_grad()
+        tg.mean((tg.tensor(x) @ w + b - tg.tensor(y)) ** 2).backward()
+        opt.step()
+    want = run_torch(torch, kind, hyper, 6)
+    np.testing.assert_allclose(w.detach().numpy(), want["w"], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(b.detach().numpy(), want["b"], rtol=1e-6, atol=1e-9)
+    assert w.is_leaf and w.requires_grad and w.grad is not None
+
+
+def test_zero_grad_step_skips_params_without_grad_and_closure():
+    a = tg.tensor(np.ones(2, np.float32), requires_grad=True)
+    b = tg.tensor(np.ones(2, np.float32), requires_grad=True)
+    opt = optim.SGD([a, b], lr=0.5)
+
+    def closure():
+        opt.zero_grad()
+        loss = tg.sum(a * a)
+        loss.backward()
+        return loss
+    loss = opt.step(closure)
+    assert float(loss.item()) == 2.0
+    np.testing.assert_allclose(a.detach().numpy(), [0.0, 0.0])       # 1 - 0.5 * 2
+    np.testing.assert_allclose(b.detach().numpy(), [1.0, 1.0])       # no grad: untouched
+    opt.zero_grad()
+    assert a.grad is None
+
+
+def test_changing_lr_does_not_recompile_the_step():
+    a = tg.tensor(np.ones(3, np.float32), requires_grad=True)
+    opt = optim.Adam([a], lr=0.1)
+    for lr in (0.1, 0.01, 0.001):
+        opt.param_groups[0]["lr"] = lr
+        opt.zero_grad()
+        tg.sum(a * a).backward()
+        opt.step()
+    assert len(opt._step_fn.cache) == 1
+
+
+def test_optimizer_state_dict_round_trip_through_save(tmp_path):
+    from tracegrad import nn
+    tg.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = optim.Adam(model.parameters(), lr=0.1)
+    x = tg.tensor(np.ones((4, 3), np.float32))
+
+    def train(opt, n):
+        for _ in range(n):
+            opt.zero_grad()
+            tg.sum(model(x) ** 2).backward()
+            opt.step()
+
+    train(opt, 2)
+    tg.save({"model": model.state_dict(), "opt": opt.state_dict()}, tmp_path / "c.npz")
+    train(opt, 2)
+    after_four = model.state_dict()
+
+    ckpt = tg.load(tmp_path / "c.npz")
+    model.load_state_dict(ckpt["model"])
+    opt2 = optim.Adam(model.parameters(), lr=0.5)
+    opt2.load_state_dict(ckpt["opt"])
+    assert opt2.param_groups[0]["lr"] == 0.1 and opt2.param_groups[0]["betas"] == (0.9, 0.999)
+    train(opt2, 2)
+    for k, v in model.state_dict().items():
+        np.testing.assert_allclose(v, after_four[k], rtol=1e-6, err_msg=k)

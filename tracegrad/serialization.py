@@ -14,6 +14,7 @@ from typing import IO, Any
 import numpy as np
 
 from .nn import parameter as P
+from .tracer.tensor import tensor
 
 _META = "__tracegrad__"
 _VERSION = 1
@@ -61,10 +62,7 @@ def _decode(node: Any, arrays: Any) -> Any:
     if "scalar" in node:
         return arrays[node["scalar"]][()]
     if "tensor" in node:
-        value = arrays[node["tensor"]]
-        if P.tensor_type() is None:
-            return value
-        return P.parameter(value, requires_grad=node["requires_grad"])
+        return tensor(arrays[node["tensor"]], requires_grad=node["requires_grad"])
     raise ValueError(f"tg.load: unknown entry {node!r} in the file's structure")
 
 

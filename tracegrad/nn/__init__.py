@@ -6,4 +6,4 @@ from .layers import (  # noqa: F401
 )
 from .module import Module  # noqa: F401
 from .normalization import BatchNorm1d, LayerNorm  # noqa: F401
-from .parameter import parameter as Parameter  # noqa: F401
+from .parameter import Parameter  # noqa: F401

@@ -352,6 +352,5 @@ class Module:
 
 
 def _is_parameter(value: Any) -> bool:
-    from . import Parameter
-    return isinstance(Parameter, type) and isinstance(value, Parameter)
+    return isinstance(value, P.Parameter)
 

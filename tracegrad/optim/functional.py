@@ -63,7 +63,8 @@ def sgd_update(params: Any, grads: Any, state: dict, lr: Any = 1e-3, momentum: A
                dampening: Any = 0.0, weight_decay: Any = 0.0, nesterov: bool = False,
                maximize: bool = False) -> tuple[Any, dict]:
     """One step of SGD with optional momentum, dampening, Nesterov and weight decay."""
-    if nesterov and (momentum == 0 or dampening != 0):
+    damped = not isinstance(dampening, (int, float)) or dampening != 0
+    if nesterov and (_is_zero(momentum) or damped):
         raise ValueError("Nesterov momentum requires a momentum and zero dampening")
     first = tnp.equal(state["step"], 0)
 

@@ -61,7 +61,9 @@ class Optimizer:
             if isinstance(v, bool) or v == 0:
                 static.append((k, v))
             else:
-                dynamic[k] = tuple(float(x) for x in v) if isinstance(v, tuple) else float(v)
+                # float64 leaves: a float32 lr would perturb float64 parameters
+                dynamic[k] = (tuple(np.float64(x) for x in v) if isinstance(v, tuple)
+                              else np.float64(v))
         return tuple(static), dynamic
 
     def _group_step(self, values: list, grads: list, states: list, static: tuple,
