@@ -6,3 +6,15 @@ from .pool import num_threads, set_num_threads
 
 __all__ = ["Executable", "cache_dir", "clear_memory_cache", "compile_graph", "num_threads",
            "run_graph", "set_num_threads", "stats"]
+
+
+def _register() -> None:
+    """Make the tracer (jit, Tensors, transforms) run graphs natively."""
+    try:
+        from ..tracer import executor
+    except ImportError:   # the tracer is optional for the runtime
+        return
+    executor.set_backend(compile_graph, run_graph)
+
+
+_register()
