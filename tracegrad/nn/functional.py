@@ -7,9 +7,12 @@ from typing import Any
 import numpy as np
 
 from ..ir import emit as E
+from ..ir.builder import Traced
 from ..tracer import numpy_api as tnp
 from ..tracer.dispatch import op
 from ..tracer.random import next_seed
+from ..tracer.tensor import tensor
+from .parameter import is_tensor
 
 relu = tnp.relu
 sigmoid = tnp.sigmoid
@@ -100,9 +103,23 @@ def gelu(x: Any, approximate: str = "none") -> Any:
     return E.mul(E.mul(0.5, x), E.add(1.0, E.erf(E.mul(x, 1 / math.sqrt(2)))))
 
 
-@op("Dropout")
 def dropout(x: Any, p: float = 0.5, training: bool = True, seed: Any = None) -> Any:
-    """Zero each element with probability p and scale the rest by 1/(1-p) when training."""
+    """Zero each element with probability p and scale the rest by 1/(1-p) when training.
+
+    The mask is a pure function of `seed` (an int, or an int64 scalar array/Tensor/traced
+    value). Without one: eagerly, a fresh seed from `tg.manual_seed`'s generator; under
+    `tg.jit`/`tg.grad` a seed is required (a constant would give the same mask every call)."""
+    if seed is None and training and 0 < p < 1:
+        if isinstance(x, Traced):
+            raise ValueError("dropout inside a traced function needs seed=: pass a traced "
+                             "int64 scalar (e.g. the step number) as an argument")
+        if is_tensor(x):   # a graph input, not a literal: each step's graph stays the same
+            seed = tensor(np.int64(next_seed()))
+    return _dropout(x, p, training, seed)
+
+
+@op("Dropout")
+def _dropout(x: Any, p: float, training: bool, seed: Any) -> Any:
     if not 0 <= p <= 1:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     x = tnp._arr(x)
