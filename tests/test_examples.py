@@ -49,3 +49,17 @@ def test_train_digits_mlp_steps_from_the_environment(monkeypatch):
     monkeypatch.setenv("TRACEGRAD_EXAMPLE_STEPS", "3")
     result = load_example("train_digits_mlp").main(["--plot", "", "--quiet"])
     assert result["steps"] == 3 and result["plot"] is None
+
+
+def test_train_digits_eager_learns(tmp_path, monkeypatch):
+    pytest.importorskip("sklearn")
+    monkeypatch.syspath_prepend(EXAMPLES)       # it reuses train_digits_mlp's data and model
+    result = load_example("train_digits_eager").main(
+        ["--steps", "40", "--plot", "", "--save", str(tmp_path / "c.npz"), "--quiet"])
+    losses = result["losses"]
+    assert result["steps"] == 40
+    assert np.mean(losses[-10:]) < 0.6 * np.mean(losses[:5])
+    assert result["accuracy"] > 0.6
+    state = tg.load(tmp_path / "c.npz")
+    assert set(state) == {"model", "optimizer"}
+    assert int(state["optimizer"]["state"][0]["step"]) == 40
