@@ -215,12 +215,12 @@ def test_matmul(dtype):
     check(g, args, rtol=1e-5 if dtype == F32 else None, atol=1e-4 if dtype == F32 else None)
 
 
-@pytest.mark.parametrize("m,k,n", [(4, 3, 5), (128, 64, 96), (250, 256, 128)])
+@pytest.mark.parametrize("m,k,n", [(4, 3, 5), (128, 64, 96), (250, 256, 128), (64, 512, 600)])
 def test_matmul_transposed_operands(m, k, n):
     g = build(lambda a, b: [E.transpose(a, (1, 0)) @ E.transpose(b, (1, 0)),
                             E.transpose(a, (1, 0)) @ E.reshape(b, (k, n))],
               ((k, m), F32), ((n, k), F32))
-    check(g, [rand((k, m), F32), rand((n, k), F32)], rtol=1e-5, atol=1e-4)
+    check(g, [rand((k, m), F32), rand((n, k), F32)], rtol=1e-4, atol=1e-3)
 
 
 def test_large_batched_matmul_split_across_tasks():

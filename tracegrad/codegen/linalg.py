@@ -22,8 +22,8 @@ from .kernel import Kernel, if_then
 from .plan import Group
 
 BLAS_MIN_WORK = 1 << 16
-GEMM_TASK_WORK = 1 << 21     # multiply-adds per task when a GEMM is split across the pool
-MAX_GEMM_TASKS = 16
+GEMM_TASK_WORK = 1 << 22     # multiply-adds per task when a GEMM is split across the pool
+MAX_GEMM_TASKS = 8
 SLOT_PAR, SLOT_SGEMM, SLOT_DGEMM, SLOT_BLAS_THREADS = 0, 1, 2, 3
 
 
@@ -97,24 +97,30 @@ def emit_matmul(k: Kernel, group: Group, blas: bool) -> None:
     k.for_range(i64(0), i64(batch), each_batch)
 
 
-def gemm_tasks(group: Group) -> tuple[int, int]:
-    """(tasks, rows per task) for a BLAS matmul: big ones split C's rows (or the batch)
-    across the pool; OpenBLAS itself then runs single-threaded in each task."""
+def gemm_tasks(group: Group) -> tuple[int, int, bool]:
+    """(tasks, rows or columns per task, split columns?) for a BLAS matmul. Big ones are
+    split across the pool along M or N, whichever makes each task re-pack the smaller
+    operand (a row split re-packs all of B per task, a column split all of A)."""
     batch, m, kk, n = gemm_dims(group)
     tasks = min(MAX_GEMM_TASKS, batch * m * kk * n // GEMM_TASK_WORK)
     if tasks < 2:
-        return 1, m
+        return 1, m, False
     if batch > 1:
-        return batch, m
-    rows = -(-m // min(tasks, m))
-    return -(-m // rows), rows
+        return batch, m, False
+    cols = m < n
+    dim = n if cols else m
+    tasks = min(tasks, dim // 64)
+    if tasks < 2:
+        return 1, m, False
+    chunk = -(-dim // tasks)
+    return -(-dim // chunk), chunk, cols
 
 
 def _blas(k: Kernel, group: Group, ta: bool, tb: bool, pa, pb, pc) -> None:
     """Row-major C = op(A) op(B) as column-major C^T = op(B)^T op(A)^T through ?gemm."""
     b = k.b
     batch, m, kk, n = gemm_dims(group)
-    tasks, rows = gemm_tasks(group)
+    tasks, chunk, cols = gemm_tasks(group)
     ft = pa.type.pointee
     i32p = I32.as_pointer()
     fnty = ir.FunctionType(VOID, [I8.as_pointer()] * 2 + [i32p] * 3 + [ft.as_pointer()] * 2
@@ -137,17 +143,21 @@ def _blas(k: Kernel, group: Group, ta: bool, tb: bool, pa, pb, pc) -> None:
 
     trans_b = cell(I8, ord("T") if tb else ord("N"))
     trans_a = cell(I8, ord("T") if ta else ord("N"))
-    mm, kp = cell(I32, n), cell(I32, kk)
+    kp = cell(I32, kk)
     lda = cell(I32, kk if tb else n)    # leading dim of the stored B
     ldb = cell(I32, m if ta else kk)    # leading dim of the stored A
     ldc = cell(I32, n)
     alpha, beta = cell(ft, 1.0), cell(ft, 0.0)
 
-    def call(t, r0, nrows):
-        # rows r0.. of op(A) start at r0 * (row stride) of the stored operand
-        ob, oc = b.mul(t, i64(kk * n)), b.add(b.mul(t, i64(m * n)), b.mul(r0, i64(n)))
+    def call(t, r0, nrows, c0=None, ncols=None):
+        # rows r0.. of op(A) start at r0 * (row stride) of the stored A, columns c0.. of
+        # op(B) at c0 * (column stride) of the stored B; C's block at r0 * n + c0
+        c0 = i64(0) if c0 is None else c0
+        ncols = ir.Constant(I32, n) if ncols is None else ncols
+        ob = b.add(b.mul(t, i64(kk * n)), b.mul(c0, i64(kk if tb else 1)))
+        oc = b.add(b.add(b.mul(t, i64(m * n)), b.mul(r0, i64(n))), c0)
         oa = b.add(b.mul(t, i64(m * kk)), b.mul(r0, i64(1 if ta else kk)))
-        b.call(fp, [trans_b, trans_a, mm, cell(I32, nrows), kp, alpha,
+        b.call(fp, [trans_b, trans_a, cell(I32, ncols), cell(I32, nrows), kp, alpha,
                     b.gep(pb, [ob], inbounds=True), lda,
                     b.gep(pa, [oa], inbounds=True), ldb, beta,
                     b.gep(pc, [oc], inbounds=True), ldc])
@@ -157,11 +167,14 @@ def _blas(k: Kernel, group: Group, ta: bool, tb: bool, pa, pb, pc) -> None:
     elif batch > 1:
         call(k.task, i64(0), ir.Constant(I32, m))
     else:
-        r0 = b.mul(k.task, i64(rows))
-        left = b.trunc(b.sub(i64(m), r0), I32)
-        nrows = b.select(b.icmp_signed("<", left, ir.Constant(I32, rows)), left,
-                         ir.Constant(I32, rows))
-        call(i64(0), r0, nrows)
+        start = b.mul(k.task, i64(chunk))
+        left = b.trunc(b.sub(i64(n if cols else m), start), I32)
+        size = b.select(b.icmp_signed("<", left, ir.Constant(I32, chunk)), left,
+                        ir.Constant(I32, chunk))
+        if cols:
+            call(i64(0), i64(0), ir.Constant(I32, m), start, size)
+        else:
+            call(i64(0), start, size)
     if_then(b, has_setter, lambda: b.call(setter, [b.load(old)]))
 
 
