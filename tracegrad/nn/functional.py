@@ -115,7 +115,7 @@ def dropout(x: Any, p: float = 0.5, training: bool = True, seed: Any = None) -> 
                              "int64 scalar (e.g. the step number) as an argument")
         if is_tensor(x):   # a graph input, not a literal: each step's graph stays the same
             seed = tensor(np.int64(next_seed()))
-    return _dropout(x, p, training, seed)
+    return _dropout(x, p, training, seed=seed)
 
 
 @op("Dropout")
