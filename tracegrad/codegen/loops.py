@@ -22,7 +22,7 @@ from .plan import Group
 from .scalar import TRANSCENDENTAL, intrinsic
 
 MAX_TASKS = 64
-GRAIN = 1 << 16   # work units (elements x op cost) below which a group runs as one task
+GRAIN = 1 << 18   # work units (elements x op cost) per task; less runs as one task
 
 _ELEMENTWISE = {"unary", "binary", "compare", "select"}
 _COMBINE = {"reduce_sum": "add", "reduce_prod": "mul", "reduce_max": "max",
