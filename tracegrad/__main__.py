@@ -54,6 +54,10 @@ def load_function(target: str) -> Callable:
 
 def dump(args: argparse.Namespace) -> str:
     import tracegrad as tg
+    try:
+        import tracegrad.runtime  # noqa: F401 - registers the native backend for --llvm/--asm
+    except ImportError:
+        pass
     fn = load_function(args.target)
     values = [parse_spec(s) for s in args.arg]
     if args.grad:
@@ -86,7 +90,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     what.add_argument("--dot", action="store_true", help="Graphviz source of the IR")
     d.add_argument("--source", action="store_true", help="annotate equations with file:line")
     args = parser.parse_args(argv)
-    print(dump(args))
+    text = dump(args)
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:   # `... | head`: the reader left, which is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
