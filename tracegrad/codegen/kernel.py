@@ -16,17 +16,24 @@ KERNEL_TYPE = ir.FunctionType(VOID, [PTR.as_pointer(), I64])
 
 class Kernel:
     def __init__(self, module: ir.Module, name: str,
-                 buffers: list[tuple[Hashable, int, np.dtype]]):
-        """`buffers`: (key, slot in the table, element dtype) for every buffer it touches."""
+                 buffers: list[tuple[Hashable, int, np.dtype]],
+                 body: ir.Function | None = None):
+        """`buffers`: (key, slot in the table, element dtype) for every buffer it touches.
+        `body`: an identical group's body to call instead of emitting a new one."""
         self.module = module
+        self.fresh = body is None
         self.fn = ir.Function(module, KERNEL_TYPE, name)
         self.fn.linkage = "internal"
+        # kept out of the entry: many small functions optimise in linear time, one huge one
+        # does not (121 kernels inlined into the entry took 4x longer at O3)
+        self.fn.attributes.add("noinline")
         arg_types = [I64] + [mem_type(dt).as_pointer() for _, _, dt in buffers]
-        self.body_fn = ir.Function(module, ir.FunctionType(VOID, arg_types), name + "_body")
-        self.body_fn.linkage = "internal"
-        self.body_fn.attributes.add("alwaysinline")
-        for a in self.body_fn.args[1:]:
-            a.add_attribute("noalias")
+        if body is None:
+            body = ir.Function(module, ir.FunctionType(VOID, arg_types), name + "_body")
+            body.linkage = "internal"
+            for a in body.args[1:]:
+                a.add_attribute("noalias")
+        self.body_fn = body
         self.task = self.body_fn.args[0]
         self.ptrs = {key: a for (key, _, _), a in zip(buffers, self.body_fn.args[1:], strict=False)}
         # the wrapper: load each pointer from its slot and call the body
@@ -38,8 +45,9 @@ class Kernel:
             args.append(wb.bitcast(p, t))
         wb.call(self.body_fn, args)
         wb.ret_void()
-        self.b = ir.IRBuilder(self.body_fn.append_basic_block("entry"))
-        self.entry_block = self.b.block
+        if self.fresh:
+            self.b = ir.IRBuilder(self.body_fn.append_basic_block("entry"))
+            self.entry_block = self.b.block
 
     def alloca(self, t: ir.Type) -> ir.Value:
         """A stack slot in the entry block (SROA turns it into SSA values)."""
@@ -70,7 +78,8 @@ class Kernel:
         return self.body_fn.append_basic_block(name)
 
     def finish(self) -> ir.Function:
-        self.b.ret_void()
+        if self.fresh:
+            self.b.ret_void()
         return self.fn
 
 

@@ -18,7 +18,7 @@ from .kernel import KERNEL_TYPE, Kernel
 from .linalg import (SLOT_BLAS_THREADS, emit_matmul, emit_scatter_add, gemm_slot, gemm_tasks,
                      uses_blas)
 from .loops import emit_argreduce, emit_combine, emit_loop_group, reductions, split
-from .plan import Group, plan_graph
+from .plan import Group, group_signature, plan_graph
 from .scalar import OUTLINE_MATH, TRANSCENDENTAL
 
 ENTRY = "tg_entry"
@@ -77,6 +77,11 @@ class _Lowering:
         self.dtype: dict[Any, np.dtype] = {}
         self.next_slot = FIRST_SLOT
         self.ws: list[tuple[int, int]] = []
+        self.bodies: dict[str, ir.Function] = {}
+        self.body_uses: dict[str, int] = {}
+        g = self.plan.graph
+        self.avals = {v.id: v.aval for v in g.invars + g.constvars}
+        self.avals.update((v.id, v.aval) for e in g.eqns for v in e.outvars)
         self.ws_size = 0
 
     def new_slot(self, key, dtype: np.dtype, nbytes: int | None = None) -> int:
@@ -122,9 +127,17 @@ class _Lowering:
             self._vars = {v.id: v for e in self.plan.graph.eqns for v in e.outvars}
         return self._vars.get(v_id)
 
-    def kernel(self, name: str, keys: list) -> Kernel:
+    def kernel(self, name: str, keys: list, group: Group | None, extra: tuple = ()) -> Kernel:
+        """A kernel for `group`; groups identical up to their buffers share one body (an RNN
+        unrolled 15 steps has 44 identical matmuls), which cuts compile time."""
         keys = list(dict.fromkeys(keys))
-        return Kernel(self.module, name, [(k, self.slot[k], self.dtype[k]) for k in keys])
+        sig = group_signature(group, keys, self.avals, extra)
+        body = self.bodies.get(sig)
+        k = Kernel(self.module, name, [(k, self.slot[k], self.dtype[k]) for k in keys], body)
+        if body is None:
+            self.bodies[sig] = k.body_fn
+        self.body_uses[k.body_fn.name] = self.body_uses.get(k.body_fn.name, 0) + 1
+        return k
 
     def lower(self) -> Lowered:
         layout = self.layout_buffers()
@@ -150,6 +163,8 @@ class _Lowering:
                                 PAR_TYPE.as_pointer())
             b.call(par, [fn, table, i64(tasks)])
         b.ret_void()
+        for fn in self.bodies.values():   # a body used once melts into its wrapper
+            fn.attributes.add("alwaysinline" if self.body_uses[fn.name] == 1 else "noinline")
         layout.n_slots = self.next_slot
         layout.workspace, layout.workspace_size = self.ws, self.ws_size
         layout.n_kernels = len(calls)
@@ -166,19 +181,22 @@ class _Lowering:
                 self.slot["gemm"], self.dtype["gemm"] = gemm_slot(group), np.dtype(np.int8)
                 self.slot["blas_threads"] = SLOT_BLAS_THREADS
                 self.dtype["blas_threads"] = np.dtype(np.int8)
-            k = self.kernel(name, keys)
-            emit_matmul(k, group, blas)
+            k = self.kernel(name, keys, group, ("blas", blas))
+            if k.fresh:
+                emit_matmul(k, group, blas)
             return [(k.finish(), gemm_tasks(group)[0] if blas else 1)]
         reads = [a.id for e in group.eqns for a in e.inputs
                  if isinstance(a, Var) and a.id not in produced]
         if group.kind == "scatter_add":
-            k = self.kernel(name, reads + [group.eqns[0].out.id])
-            emit_scatter_add(k, group)
+            k = self.kernel(name, reads + [group.eqns[0].out.id], group)
+            if k.fresh:
+                emit_scatter_add(k, group)
             return [(k.finish(), 1)]
         writes = [v.id for v in group.roots] + [e.out.id for e in group.reductions]
         if group.kind == "argreduce":
-            k = self.kernel(name, reads + writes)
-            emit_argreduce(k, group, produced)
+            k = self.kernel(name, reads + writes, group)
+            if k.fresh:
+                emit_argreduce(k, group, produced)
             return [(k.finish(), 1)]
         p, tasks = split(group)
         reds = reductions(group, p, tasks)
@@ -189,19 +207,24 @@ class _Lowering:
                 dt = r.eqn.out.aval.dtype
                 self.new_slot(key, dt, tasks * r.out_size * dt.itemsize)
                 partial_keys[id(r.eqn)] = key
-        k = self.kernel(name, reads + writes + list(partial_keys.values()))
-        token = OUTLINE_MATH.set(group.size < INLINE_MATH_MIN_SIZE
-                                 and self.math_sites > INLINE_MATH_MAX_SITES)
+        outline = (group.size < INLINE_MATH_MIN_SIZE
+                   and self.math_sites > INLINE_MATH_MAX_SITES)
+        k = self.kernel(name, reads + writes + list(partial_keys.values()), group,
+                        (p, tasks, outline))
+        token = OUTLINE_MATH.set(outline)
         try:
-            emit_loop_group(k, group, produced, p, tasks, partial_keys)
+            if k.fresh:
+                emit_loop_group(k, group, produced, p, tasks, partial_keys)
         finally:
             OUTLINE_MATH.reset(token)
         calls = [(k.finish(), tasks)]
         for j, r in enumerate(reds):
             if r.partial:
                 key = partial_keys[id(r.eqn)]
-                c = self.kernel(f"{name}_c{j}", [key, r.eqn.out.id])
-                emit_combine(c, r, tasks, key)
+                c = self.kernel(f"{name}_c{j}", [key, r.eqn.out.id], None,
+                                ("combine", r.eqn.op, r.out_size, tasks))
+                if c.fresh:
+                    emit_combine(c, r, tasks, key)
                 calls.append((c.finish(), 1))
         return calls
 

@@ -232,6 +232,42 @@ class _Planner:
         return Plan(self.graph, order, materialised)
 
 
+def group_signature(group: Group | None, keys: list, avals: dict, extra: tuple) -> str:
+    """Text equal for two groups exactly when they lower to the same code given their buffer
+    lists `keys` in order: ops, params, shapes and dtypes, with variables renamed."""
+    names: dict[int, str] = {}
+
+    def by_id(i: int, aval) -> str:
+        n = names.get(i)
+        if n is None:
+            n = names[i] = f"%{len(names)}:{aval}"
+        return n
+
+    def name(a) -> str:
+        if isinstance(a, Lit):
+            return f"{a.value.item()!r}:{a.aval}"
+        return by_id(a.id, a.aval)
+
+    parts = [repr(extra)]
+    for k in keys:
+        if isinstance(k, int):
+            parts.append(by_id(k, avals[k]))
+        elif isinstance(k, tuple):   # ("partial", var id)
+            parts.append(f"{k[0]}({by_id(k[1], avals[k[1]])})")
+        else:
+            parts.append(str(k))
+    if group is not None:
+        parts += [group.kind, str(group.domain)]
+        for e in group.eqns:
+            params = ",".join(f"{k}={v!r}" for k, v in sorted(e.params.items()))
+            ins = ",".join(name(a) for a in e.inputs)
+            parts.append(f"{e.op}[{params}]({ins})->" + ",".join(name(v) for v in e.outvars))
+        parts.append("roots:" + ",".join(name(v) for v in group.roots))
+        parts.append("red:" + ",".join(name(e.out) for e in group.reductions))
+        parts.append("ops:" + ",".join(f"{name(a)}{t}" for a, t in group.operands))
+    return "\n".join(parts)
+
+
 def plan_graph(graph: Graph) -> Plan:
     """Alias custom_vjp outputs, drop dead code, and partition into ordered groups."""
     return _Planner(alias_custom_vjp(graph)).run()

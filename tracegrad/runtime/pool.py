@@ -92,6 +92,15 @@ _pool: Pool | None = None
 _pool_lock = threading.Lock()
 
 
+def _forget_pool_in_child() -> None:
+    # a forked child has none of the parent's worker threads: start afresh on first use
+    global _pool
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
 def default_threads() -> int:
     env = os.environ.get("TRACEGRAD_NUM_THREADS")
     return max(1, int(env)) if env else (os.cpu_count() or 1)
