@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tracegrad import ir, runtime
-from tracegrad.codegen import plan_graph
+from tracegrad.codegen import lower_graph, plan_graph
 from tracegrad.ir import emit as E
 
 F32, F64, I64 = np.dtype("float32"), np.dtype("float64"), np.dtype("int64")
@@ -128,6 +128,24 @@ def test_reduction_split_across_tasks_and_middle_axes():
                 E.reduce_sum(y, (0, 1, 2)), E.reduce_min(y * 2.0, (2,))]
     g = build(f, ((300, 40, 33), F32))
     check(g, [RNG.standard_normal((300, 40, 33)).astype(F32)], rtol=1e-4)
+
+
+def test_unrolled_rnn_shares_kernel_bodies():
+    h_dim, steps = 16, 6
+
+    def f(w, u, xs):
+        h = E.full((1, h_dim), 0.0, F32)
+        for t in range(steps):
+            x_t = E.reshape(E.slice_(xs, ((t, t + 1, 1), (0, h_dim, 1))), (1, h_dim))
+            h = E.tanh(h @ w + x_t @ u)
+        return E.reduce_sum(h * h, (0, 1))
+    gg = grad_graph(build(f, ((h_dim, h_dim), F32), ((h_dim, h_dim), F32),
+                          ((steps, h_dim), F32)), [0, 1])
+    lowered = lower_graph(gg)
+    bodies = [fn for fn in lowered.module.functions if fn.name.endswith("_body")]
+    assert len(bodies) < lowered.layout.n_kernels // 2
+    args = [(RNG.standard_normal((h_dim, h_dim)) * 0.3).astype(F32) for _ in range(2)]
+    check(gg, args + [RNG.standard_normal((steps, h_dim)).astype(F32), np.float32(1.0)])
 
 
 def test_threaded_results_equal_single_threaded():

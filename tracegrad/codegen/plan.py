@@ -10,6 +10,7 @@ the forward and the backward pass is computed once, in one loop, never stored.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 
@@ -210,7 +211,6 @@ class _Planner:
                     w = writer.get(a.id) if isinstance(a, Var) else None
                     if w is not None and w is not g:
                         deps[id(g)].add(id(w))
-        import heapq
         by_id = {id(g): g for g in live}
         users: dict[int, list[int]] = {id(g): [] for g in live}
         for k, ds in deps.items():
@@ -273,4 +273,4 @@ def plan_graph(graph: Graph) -> Plan:
     return _Planner(alias_custom_vjp(graph)).run()
 
 
-__all__ = ["ARG_REDUCE", "REDUCE", "Group", "Plan", "fusible", "plan_graph", "Lit"]
+__all__ = ["ARG_REDUCE", "REDUCE", "Group", "Plan", "fusible", "group_signature", "plan_graph"]
