@@ -22,6 +22,7 @@ class Kernel:
         `body`: an identical group's body to call instead of emitting a new one."""
         self.module = module
         self.fresh = body is None
+        self.buffers = buffers
         self.fn = ir.Function(module, KERNEL_TYPE, name)
         self.fn.linkage = "internal"
         # kept out of the entry: many small functions optimise in linear time, one huge one
@@ -35,6 +36,7 @@ class Kernel:
                 a.add_attribute("noalias")
         self.body_fn = body
         self.task = self.body_fn.args[0]
+        self.arg_types = arg_types
         self.ptrs = {key: a for (key, _, _), a in zip(buffers, self.body_fn.args[1:], strict=False)}
         # the wrapper: load each pointer from its slot and call the body
         wb = ir.IRBuilder(self.fn.append_basic_block("entry"))
@@ -77,10 +79,18 @@ class Kernel:
     def fn_append(self, name: str) -> ir.Block:
         return self.body_fn.append_basic_block(name)
 
-    def finish(self) -> ir.Function:
+    def finish(self) -> Kernel:
         if self.fresh:
             self.b.ret_void()
-        return self.fn
+        return self
+
+    def call_body(self, b: ir.IRBuilder, table: ir.Value) -> None:
+        """Call the body straight from `b` (the entry), for a kernel run as one task."""
+        args = [ir.Constant(I64, 0)]
+        for (_, slot, _dt), t in zip(self.buffers, self.arg_types[1:], strict=True):
+            p = b.load(b.gep(table, [ir.Constant(I64, slot)], inbounds=True))
+            args.append(b.bitcast(p, t))
+        b.call(self.body_fn, args)
 
 
 def if_then(b: ir.IRBuilder, cond: ir.Value, then: Callable[[], None]) -> None:

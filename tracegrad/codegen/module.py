@@ -141,7 +141,7 @@ class _Lowering:
 
     def lower(self) -> Lowered:
         layout = self.layout_buffers()
-        calls: list[tuple[ir.Function, int]] = []
+        calls: list[tuple[Kernel, int]] = []
         for gi, group in enumerate(self.plan.groups):
             calls += self.lower_group(f"k{gi}", group)
         entry = ir.Function(self.module, ir.FunctionType(VOID, [PTR.as_pointer()]), ENTRY)
@@ -154,24 +154,27 @@ class _Lowering:
             obj = b.gep(b.load(cell), [i64(ARRAY_DATA_OFFSET)], inbounds=True)
             b.store(b.load(b.bitcast(obj, PTR.as_pointer())), cell)
         par = None
-        for fn, tasks in calls:
-            if tasks == 1:
-                b.call(fn, [table, i64(0)])
+        direct = set()
+        for k, tasks in calls:
+            if tasks == 1:   # no wrapper: fewer functions to compile
+                k.call_body(b, table)
+                direct.add(k.body_fn.name)
                 continue
             if par is None:
                 par = b.bitcast(b.load(b.gep(table, [i64(0)], inbounds=True)),
                                 PAR_TYPE.as_pointer())
-            b.call(par, [fn, table, i64(tasks)])
+            b.call(par, [k.fn, table, i64(tasks)])
         b.ret_void()
-        for fn in self.bodies.values():   # a body used once melts into its wrapper
-            fn.attributes.add("alwaysinline" if self.body_uses[fn.name] == 1 else "noinline")
+        for fn in self.bodies.values():   # a body used once by a wrapper melts into it
+            once = self.body_uses[fn.name] == 1 and fn.name not in direct
+            fn.attributes.add("alwaysinline" if once else "noinline")
         layout.n_slots = self.next_slot
         layout.workspace, layout.workspace_size = self.ws, self.ws_size
         layout.n_kernels = len(calls)
         layout.n_parallel = sum(t > 1 for _, t in calls)
         return Lowered(self.module, layout, self.graph)
 
-    def lower_group(self, name: str, group: Group) -> list[tuple[ir.Function, int]]:
+    def lower_group(self, name: str, group: Group) -> list[tuple[Kernel, int]]:
         produced = {v.id: e for e in group.eqns for v in e.outvars}
         if group.kind == "matmul":
             keys = [a.id for a, _ in group.operands] + [group.eqns[0].out.id]
