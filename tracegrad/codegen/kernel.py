@@ -1,7 +1,8 @@
-"""A kernel function: `void k(i8** bufs, i64 task)` that reads its buffers from the table
-and runs one task of a group. The body is a separate function whose buffer arguments are
-`noalias`; once inlined LLVM keeps that as scoped alias metadata, which is what lets the
-vectoriser move loads past stores without runtime overlap checks."""
+"""A kernel: a body `void body(i64 task, T* noalias buf0, ...)` that runs one task of a group,
+plus a wrapper `void k(i8** bufs, i64 task)` that loads the buffers from the table, which is
+what the thread pool calls. Single-task kernels are called from the entry directly. The
+`noalias` arguments (kept as scoped alias metadata when inlined) let the vectoriser move loads
+past stores without runtime overlap checks."""
 from __future__ import annotations
 
 from typing import Callable, Hashable
