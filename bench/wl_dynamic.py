@@ -25,7 +25,7 @@ def _data():
 
 def _per_iter(fn) -> float:
     t0 = time.perf_counter()
-    for i, T in enumerate(lengths()):
+    for T in lengths():
         fn(T)
     return (time.perf_counter() - t0) / ITERS
 

@@ -53,7 +53,7 @@ class custom_vjp:  # noqa: N801 - JAX's name
                 raise TypeError(f"custom_vjp backward of {self.__name__} must return a tuple "
                                 f"with one gradient per argument ({len(args)}), got {grads!r}")
             flat = []
-            for gr, n, tree in zip(grads, counts, arg_trees):
+            for gr, n in zip(grads, counts):
                 leaves = tree_flatten(gr)[0] if gr is not None else [None] * n
                 flat.extend(leaves if len(leaves) == n else [None] * n)
             return tuple(flat)
