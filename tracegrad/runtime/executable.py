@@ -111,7 +111,7 @@ class Executable:
         arrays = list(args)
         for i, (a, (shape, dtype)) in enumerate(zip(arrays, self._in, strict=True)):
             if (type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype
-                    or not a.flags.c_contiguous):
+                    or not (a.flags.c_contiguous and a.flags.aligned)):
                 arrays[i] = self._convert(i, a)
         outs = [np.empty(av.shape, av.dtype) for av in self._slot_avals]
         shared = self._lock.acquire(blocking=False)
