@@ -161,3 +161,25 @@ def test_checkpoint_second_order_and_integer_arguments(xw):
     g = tg.grad(lambda h: tg.sum(tg.checkpoint(pick)(h, idx)))(x)
     want = tg.grad(lambda h: tg.sum(pick(h, idx)))(x)
     np.testing.assert_allclose(g, want, rtol=1e-6)
+
+
+def tensor_program(a):
+    y = tg.sqrt(a)            # the backward of sqrt divides by zero at 0
+    return tg.sum(y * 0.0)
+
+
+def test_debug_nans_with_tensors(debug_nans):
+    a = tg.tensor(np.array([0.0, 1.0], np.float32), requires_grad=True)
+    loss = tensor_program(a)
+    with pytest.raises(FloatingPointError) as err:
+        loss.backward()
+    assert (f"in the backward pass, from {HERE}:{line_of(tensor_program, 'tg.sqrt(a)')} "
+            "(backward of sqrt)") in str(err.value)
+
+
+def test_checkpoint_on_tensors_gives_the_same_gradients(xw):
+    x, w = xw
+    tw = tg.tensor(w, requires_grad=True)
+    tg.sum(tg.checkpoint(block)(tg.tensor(x), tw)).backward()
+    np.testing.assert_allclose(tw.grad.numpy(), tg.grad(lambda w: tg.sum(block(x, w)))(w),
+                               rtol=1e-5, atol=1e-6)
