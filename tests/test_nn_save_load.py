@@ -77,3 +77,14 @@ def test_unsupported_values_are_rejected(tmp_path):
         tg.save({(1, 2): np.ones(1)}, tmp_path / "b.npz")
     with pytest.raises(TypeError, match="object arrays"):
         tg.save(np.array([None]), tmp_path / "c.npz")
+
+
+def test_tensors_come_back_as_tensors(tmp_path):
+    w = tg.tensor(np.arange(3, dtype=np.float32), requires_grad=True)
+    b = tg.tensor(np.ones(2, np.int64))
+    tg.save({"w": w, "b": b}, tmp_path / "t.npz")
+    back = tg.load(tmp_path / "t.npz")
+    assert isinstance(back["w"], tg.Tensor) and back["w"].requires_grad and back["w"].is_leaf
+    assert isinstance(back["b"], tg.Tensor) and not back["b"].requires_grad
+    np.testing.assert_array_equal(back["w"].detach().numpy(), [0, 1, 2])
+    assert back["b"].dtype == np.int64
