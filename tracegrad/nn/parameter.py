@@ -78,7 +78,3 @@ def detach(x: Any) -> Any:
         from ..tracer.numpy_api import stop_gradient
         return stop_gradient(x)
     return x
-
-
-def tensor_type() -> type:
-    return Tensor
