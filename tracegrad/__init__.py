@@ -24,6 +24,7 @@ from .tracer.transforms import grad, hessian, jacfwd, jacrev, jvp, make_ir, valu
 from . import nn  # noqa: E402
 
 __version__ = "0.1.0"
+from . import runtime  # noqa: E402  (registers the native backend)
 from . import optim, viz  # noqa: E402
 from .checkpoint import checkpoint  # noqa: E402
 from .serialization import load, save  # noqa: E402
