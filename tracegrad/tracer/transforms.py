@@ -28,11 +28,18 @@ def _argnums(argnums: int | Sequence[int], nargs: int, fname: str) -> tuple[int,
     return tuple(n % nargs for n in nums)
 
 
-def _leaf_ranges(args: Sequence[Any]) -> list[range]:
-    """The flat leaf indices of each positional argument."""
+def _static_ints(args: Sequence[Any], nums: Sequence[int]) -> tuple[int, ...]:
+    """Positions of Python int/bool arguments that are not differentiated: like JAX, the
+    function sees them as Python values (so `range(n)` works under grad)."""
+    return tuple(i for i, a in enumerate(args)
+                 if i not in nums and isinstance(a, (int, bool)) and not isinstance(a, float))
+
+
+def _leaf_ranges(args: Sequence[Any], static: Sequence[int] = ()) -> list[range]:
+    """The flat leaf indices of each positional argument (static ones have none)."""
     out, start = [], 0
-    for a in args:
-        n = len(tree_flatten(a)[0])
+    for i, a in enumerate(args):
+        n = 0 if i in static else len(tree_flatten(a)[0])
         out.append(range(start, start + n))
         start += n
     return out
@@ -60,10 +67,12 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
     @functools.wraps(f)
     def vg(*args: Any) -> Any:
         nums = _argnums(argnums, len(args), "grad")
-        ranges = _leaf_ranges(args)
+        static = _static_ints(args, nums)
+        ranges = _leaf_ranges(args, static)
         wrt = [i for n in nums for i in ranges[n]]
-        _check_float(flatten_args(args)[0], wrt, "grad")
-        tf, leaves = trace(f, args)
+        _check_float(flatten_args([a for i, a in enumerate(args) if i not in static])[0],
+                     wrt, "grad")
+        tf, leaves = trace(f, args, static)
         g = tf.graph
         n_out = len(g.outvars)
         if has_aux:
@@ -183,11 +192,12 @@ def jvp(f: Callable, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple:
 
 
 def _single_array_io(f: Callable, args: Sequence[Any], argnum: int, fname: str):
-    tf, leaves = trace(f, args)
+    static = _static_ints(args, (argnum,))
+    tf, leaves = trace(f, args, static)
     g = tf.graph
     if len(g.outvars) != 1:
         raise TypeError(f"{fname} supports functions returning a single array")
-    ranges = _leaf_ranges(args)
+    ranges = _leaf_ranges(args, static)
     if len(ranges[argnum]) != 1:
         raise TypeError(f"{fname} supports a single array argument at argnums")
     wrt = ranges[argnum][0]
