@@ -13,7 +13,8 @@ from ..ir.builder import Traced
 from ..ir.core import Lit, is_float
 from ..ir.ops import OPS
 from ..ir.rules import VJP
-from .autograd_graph import FREED_MSG, AccumulateGrad, Node, hook_name, realize, strip_backward
+from .autograd_exec import fast_backward, realize
+from .autograd_graph import FREED_MSG, AccumulateGrad, Node, hook_name, strip_backward
 from .grad_mode import mode
 from .tensor import Tensor, record
 
@@ -157,6 +158,9 @@ class Engine:
         return {k for k, v in memo.items() if v}
 
     def run(self) -> None:
+        if not self.create and self.inputs is None and fast_backward(
+                self.roots, self.grads, self.retain):
+            return
         starts = [t._gsrc() for t in self.roots]
         deps, nodes = self._discover(starts)
         acc_targets: dict[int, list[int]] = {}     # id(AccumulateGrad) -> input positions
@@ -172,7 +176,7 @@ class Engine:
             needed = set(nodes)
         for n in nodes.values():
             if isinstance(n, Node) and id(n) in needed:
-                _check_saved(n)
+                check_saved(n)
         saved_mode = mode.grad
         mode.grad = self.create
         try:
@@ -333,7 +337,7 @@ def _checked_tuple(fn: Any, gs: tuple, r: Any) -> tuple:
                  for g, x in zip(gs, r, strict=False))
 
 
-def _check_saved(n: Node) -> None:
+def check_saved(n: Node) -> None:
     if not n.saved:
         return
     if n.freed:
@@ -394,7 +398,31 @@ def apply_op_backward(n: Node, gouts: list, create: bool) -> list:
     else:
         args = tuple(gts) + tuple(sub_ts)
         extra = ((None, None, n),)
-    return record(vjp, strip_backward(n.name_) or "Grad", args, {}, grad=create, deps=extra)
+    out = record(vjp, "Grad", args, {}, grad=create, deps=extra)
+    if create:
+        _name_grads(out)
+    return out
+
+
+# IR op -> PyTorch name stem, for naming the nodes of differentiable gradients
+_STEMS = {"mul": "Mul", "add": "Add", "sub": "Sub", "div": "Div", "neg": "Neg", "pow": "Pow",
+          "matmul": "Mm", "reduce_sum": "Sum", "broadcast": "Expand", "reshape": "View",
+          "transpose": "Permute", "select": "Where", "exp": "Exp", "log": "Log",
+          "convert": "ToCopy", "pad_slice": "SliceBackward", "slice": "Slice",
+          "concatenate": "Cat", "scatter_add": "IndexPut", "take": "Index", "cos": "Cos",
+          "sin": "Sin", "max": "Maximum", "min": "Minimum", "sqrt": "Sqrt", "abs": "Abs"}
+
+
+def _name_grads(grads: list) -> None:
+    """Name a gradient's node after the last primitive computing it, as PyTorch would."""
+    for g in grads:
+        if g is None or g._fn is None:
+            continue
+        for e in reversed(g._fn.eqns):
+            if g._var in e.outvars:
+                stem = _STEMS.get(e.op, e.op.title().replace("_", ""))
+                g._fn.name_ = f"{stem}Backward0"
+                return
 
 
 def _shadow(entry: tuple) -> Tensor:
@@ -416,7 +444,9 @@ def _vjp_walk(n: Node, b: Any, env: dict, gouts: dict, subst: dict, create: bool
     def read(a: Any) -> Traced:
         if isinstance(a, Lit):
             return Traced(b, a)
-        t = subst.get(a.id) or env.get(a.id)
+        t = subst.get(a.id)
+        if t is None:
+            t = env.get(a.id)
         return t if t is not None else Traced(b, a)
 
     if create:      # recompute the forward from the stand-ins, so its IR is differentiable

@@ -11,6 +11,10 @@ from .grad_mode import mode, no_grad
 from .tensor import Tensor, record
 
 
+def _identity(x: Any) -> Any:
+    return x
+
+
 class FunctionCtx:
     """The `ctx` passed to `forward` and `backward`; any attribute may be set on it."""
 
@@ -130,7 +134,7 @@ class Function:
         entries = [(a._var, a._gsrc(), a._vsrc()) for a in args if isinstance(a, Tensor)]
         requires = grad_on and any(e[1] is not None for e in entries)
         with no_grad():   # every output gets its own variable, as the node's outputs
-            fresh = [record(lambda x: x, "", (o,), {}) if isinstance(o, Tensor) else o
+            fresh = [record(_identity, "", (o,), {}) if isinstance(o, Tensor) else o
                      for o in outs]
         out_vars = [f._var for f in fresh if isinstance(f, Tensor)]
         node = Node([], entries, out_vars, requires, f"{cls.__name__}Backward")

@@ -11,11 +11,7 @@ import itertools
 import re
 from typing import Any, Callable
 
-import numpy as np
-
-from .. import ir
 from ..ir.core import Var
-from .executor import execute
 
 FREED_MSG = (
     "Trying to backward through the graph a second time (or directly access saved tensors "
@@ -99,7 +95,7 @@ class Node:
     """One recorded Tensor op. When it requires grad it is the `grad_fn` of its outputs."""
     __slots__ = ("eqns", "args", "out_vars", "values", "name_", "grad", "saved", "freed",
                  "pre_hooks", "post_hooks", "tensor_hooks", "retains", "fn_ctx", "leaf_chain",
-                 "__weakref__")
+                 "sig", "__weakref__")
 
     def __init__(self, eqns: list, args: list, out_vars: list, grad: bool, name: str = ""):
         self.eqns = eqns
@@ -107,7 +103,7 @@ class Node:
         self.out_vars = out_vars
         self.grad = grad
         self.name_ = name
-        self.values: dict[int, np.ndarray] | None = None
+        self.values: dict[int, Any] | None = None   # var id -> computed value
         self.saved: list[SavedTensor] | None = None
         self.freed = False
         self.pre_hooks: dict | None = None
@@ -116,6 +112,7 @@ class Node:
         self.retains: dict | None = None        # var id -> Tensor (retain_grad)
         self.fn_ctx: Any = None                 # autograd.Function context
         self.leaf_chain = 0                     # > 0: computes a leaf's value updated in place
+        self.sig: tuple | None = None           # what determines the IR (tensor.record)
 
     # -- the grad_fn face
     def name(self) -> str:
@@ -235,97 +232,3 @@ class AccumulateGrad:
 
 def strip_backward(name: str) -> str:
     return re.sub(r"Backward\d*$", "", name)
-
-
-# ---- realisation ---------------------------------------------------------------------------------
-
-def _cached(node: Node, var: Var) -> Any:
-    vals = node.values
-    return None if vals is None else vals.get(var.id)
-
-
-def collect(targets: list[tuple[Var, Node]]) -> tuple[list, list, list, list[Node]]:
-    """The graph computing `targets` from known values: (input vars, input values, eqns,
-    nodes whose leaf values are computed on the way)."""
-    order: list[Node] = []
-    state: dict[int, int] = {}       # node id -> 1 visiting, 2 done
-    inputs: dict[int, tuple] = {}    # var id -> (var, value, node the value is cached in)
-    leafs: list[Node] = []
-    for _var, node in targets:
-        if id(node) in state:
-            continue
-        stack = [(node, False)]
-        while stack:
-            n, expanded = stack.pop()
-            if expanded:
-                state[id(n)] = 2
-                order.append(n)
-                if n.leaf_chain:
-                    leafs.append(n)
-                continue
-            if id(n) in state:
-                continue
-            state[id(n)] = 1
-            stack.append((n, True))
-            for v, _, src in n.args:
-                if isinstance(src, np.ndarray):
-                    if v.id not in inputs:
-                        inputs[v.id] = (v, src, None)
-                    continue
-                if v is not None:
-                    val = _cached(src, v)
-                    if val is not None:
-                        if v.id not in inputs:
-                            inputs[v.id] = (v, val, src)
-                        continue
-                if id(src) not in state:
-                    stack.append((src, False))
-    eqns = [e for n in order for e in n.eqns]
-    produced = {v.id for e in eqns for v in e.outvars}
-    in_vars, in_vals = [], []
-    for v, val, _ in inputs.values():
-        if v.id not in produced:    # else the graph recomputes it: read the fresh value
-            in_vars.append(v)
-            in_vals.append(val)
-    return in_vars, in_vals, eqns, leafs
-
-
-def realize(tensors: list) -> None:
-    """Compute the values of pending tensors together, in one graph."""
-    targets, seen = [], set()
-    for t in tensors:
-        if t._value is None and t._var.id not in seen:
-            val = _cached(t._node, t._var)
-            if val is not None:
-                t._value = val
-                continue
-            seen.add(t._var.id)
-            targets.append((t._var, t._node))
-    if not targets:
-        return
-    in_vars, in_vals, eqns, leafs = collect(targets)
-    extra = [(v, n) for n in leafs for v in n.out_vars if v.id not in seen]
-    out_vars = [v for v, _ in targets] + [v for v, _ in extra]
-    graph = ir.optimize(ir.Graph(in_vars, eqns, out_vars))
-    outs = execute(graph, in_vals)
-    for (v, n), val in zip(targets + extra, outs, strict=False):
-        if n.values is None:
-            n.values = {}
-        n.values[v.id] = val
-    for t in tensors:
-        if t._value is None:
-            t._value = t._node.values[t._var.id]
-    for n in leafs:
-        release(n)
-    for _, n in targets:
-        if not n.grad:
-            release(n)
-
-
-def release(node: Node) -> None:
-    """Forget how a no-grad node's values were computed once they are all known."""
-    vals = node.values
-    if vals is not None and all(v.id in vals for v in node.out_vars):
-        node.eqns = []
-        node.args = []
-        node.leaf_chain = 0

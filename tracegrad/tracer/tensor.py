@@ -16,9 +16,10 @@ import numpy as np
 
 from ..ir.builder import Builder, Traced, user_source
 from ..ir.builder import _state as _trace_state
-from ..ir.core import Aval, Lit, Var, is_float
+from ..ir.core import Aval, Eqn, Lit, Var, is_float
 from . import dispatch
-from .autograd_graph import SAVED, AccumulateGrad, Node, SavedTensor, realize
+from .autograd_exec import realize
+from .autograd_graph import SAVED, AccumulateGrad, Node, SavedTensor
 from .grad_mode import mode
 
 _new = object.__new__
@@ -385,14 +386,22 @@ def _concrete(fn: Callable, args: tuple, kwargs: dict) -> Any:
 
 
 def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True,
-           keep_arrays: bool = False, deps: tuple = ()) -> Any:
-    """Run the un-dispatched op `fn` on the arguments' IR values, recording a Node."""
+           keep_arrays: bool = False, deps: tuple = (), cache: bool = True) -> Any:
+    """Run the un-dispatched op `fn` on the arguments' IR values, recording a Node.
+
+    The node's `sig` — `fn` and a description of the arguments (shapes, dtypes, which
+    entries they read, Python values) — determines the IR it emitted, so equal signatures
+    let whole graphs be recognised without comparing equations (see autograd_graph)."""
     if _trace_state.stack:
         return _concrete(fn, args, kwargs)
+    if name == "Dropout" and kwargs.get("seed") is None:
+        from .random import next_seed    # a graph input, so graphs hash alike across steps
+        kwargs = dict(kwargs, seed=np.asarray(next_seed(), np.int64))
     b = _rec.builder
     grad_on = mode.grad and grad
     entries: list = []
     seen: dict[int, Traced] = {}
+    desc: list = [fn]
 
     def un(a: Any, top: bool) -> Any:
         if isinstance(a, Tensor):
@@ -402,38 +411,74 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
                 entries.append((var, a._gsrc() if grad_on else None,
                                 a._value if a._value is not None else a._node))
                 tr = seen[var.id] = Traced(b, var)
+            desc.append((var.id, var.aval.shape, var.aval.dtype))
             return tr
-        if isinstance(a, np.ndarray) and top and not keep_arrays:
-            var = Var(Aval(a.shape, a.dtype))
-            entries.append((var, None, a))
-            return Traced(b, var)
-        if isinstance(a, (list, tuple)) and not isinstance(a, Traced):
-            return type(a)(un(x, False) for x in a) if not hasattr(a, "_fields") else a
+        if isinstance(a, np.ndarray):
+            if top and not keep_arrays:
+                var = Var(Aval(a.shape, a.dtype))
+                entries.append((var, None, a))
+                desc.append((a.shape, a.dtype))
+                return Traced(b, var)
+            desc.append(None)       # an array baked into the IR: never cached
+            return a
+        if isinstance(a, (list, tuple)):
+            if hasattr(a, "_fields"):
+                desc.append(a)
+                return a
+            desc.append(len(a))
+            return type(a)(un(x, False) for x in a)
         if isinstance(a, Traced):
             raise _MixedTrace
+        if isinstance(a, slice):
+            desc.append((a.start, a.stop, a.step))
+        else:   # 1, 1.0 and True hash alike but emit different IR
+            desc.append((type(a), a))
         return a
 
     try:
         args2 = [un(a, True) for a in args]
-        kwargs2 = {k: un(v, True) for k, v in kwargs.items()} if kwargs else kwargs
+        if kwargs:
+            kwargs2 = {}
+            for k, v in kwargs.items():
+                desc.append(k)
+                kwargs2[k] = un(v, True)
+        else:
+            kwargs2 = kwargs
     except _MixedTrace:
         return _concrete(fn, args, kwargs)
-    b.source_override = user_source()
-    _trace_state.stack.append(b)
-    try:
-        out = fn(*args2, **kwargs2)
-        multi = isinstance(out, (list, tuple))
-        outs = list(out) if multi else [out]
-        out_vars = [_own_var(b, o, entries) for o in outs]
-        eqns = b.eqns
-        if b.constvars:
-            entries.extend((v, None, c) for v, c in zip(b.constvars, b.consts, strict=False))
-    finally:
-        _trace_state.stack.pop()
-        b.source_override = None
-        b.eqns = []
-        if b.constvars:
-            b.constvars, b.consts, b._const_ids, b._keepalive = [], [], {}, []
+    sig = tpl = None
+    if cache and not deps and None not in desc:
+        sig = _signature(desc)
+        if sig is not None:
+            tpl = _templates.get(sig)
+    if tpl is not None:     # seen before: copy the recorded IR instead of re-deriving it
+        out_vars, eqns = _instantiate(tpl, entries, user_source())
+        out_type = tpl[3]
+        multi = out_type is not None
+    else:
+        b.source_override = user_source()
+        _trace_state.stack.append(b)
+        try:
+            out = fn(*args2, **kwargs2)
+            multi = isinstance(out, (list, tuple))
+            out_type = type(out) if multi else None
+            outs = list(out) if multi else [out]
+            out_vars = [_own_var(b, o, entries) for o in outs]
+            eqns = b.eqns
+            if b.constvars:
+                entries.extend((v, None, c)
+                               for v, c in zip(b.constvars, b.consts, strict=True))
+                sig = None
+        finally:
+            _trace_state.stack.pop()
+            b.source_override = None
+            b.eqns = []
+            if b.constvars:
+                b.constvars, b.consts, b._const_ids, b._keepalive = [], [], {}, []
+        if sig is not None:
+            if len(_templates) > TEMPLATE_LIMIT:
+                _templates.clear()
+            _templates[sig] = ([e[0].id for e in entries], eqns, out_vars, out_type)
     if deps:
         entries.extend(deps)
     requires = grad_on and any(e[1] is not None for e in entries)
@@ -447,6 +492,8 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
         if differentiable:
             node.grad = True
         results.append(Tensor._from_var(v, node, node if differentiable else None))
+    if sig is not None:
+        node.sig = (sig, node.grad)
     if mode.inference:
         for t in results:
             if t is not None:
@@ -454,8 +501,46 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
     if node.grad:
         node.name_ = _grad_name(name, args, kwargs)
         _save(node, name, args, results[0])
-    return (type(out)(results) if not hasattr(out, "_fields") else type(out)(*results)) \
-        if multi else results[0]
+    if not multi:
+        return results[0]
+    return out_type(*results) if hasattr(out_type, "_fields") else out_type(results)
+
+
+TEMPLATE_LIMIT = 4096
+_templates: dict = {}     # signature -> (input var ids, eqns, output vars, output type)
+
+
+def _signature(desc: list) -> tuple | None:
+    """A hashable stand-in for the IR an op emits: tensors are named by their position among
+    the op's inputs (var ids renumbered), everything else is kept as given."""
+    first: dict[int, int] = {}
+    sig = []
+    for d in desc:
+        if type(d) is tuple and len(d) == 3 and type(d[0]) is int and type(d[1]) is tuple:
+            sig.append((first.setdefault(d[0], len(first)), d[1], d[2]))
+        else:
+            sig.append(d)
+    sig = tuple(sig)
+    try:
+        hash(sig)
+    except TypeError:
+        return None
+    return sig
+
+
+def _instantiate(tpl: tuple, entries: list, source: str | None) -> tuple[list, list]:
+    """Copy a template's equations onto this op's inputs, with fresh variables."""
+    in_ids, teqns, touts, _ = tpl
+    env = {i: e[0] for i, e in zip(in_ids, entries, strict=True)}
+    eqns = []
+    for e in teqns:
+        ins = [a if type(a) is Lit else env[a.id] for a in e.inputs]
+        outs = []
+        for v in e.outvars:
+            o = env[v.id] = Var(v.aval)
+            outs.append(o)
+        eqns.append(Eqn(e.op, ins, outs, e.params, source))
+    return [None if v is None else env[v.id] for v in touts], eqns
 
 
 class _MixedTrace(Exception):

@@ -9,7 +9,8 @@ import numpy as np
 
 from ..ir import emit as E
 from . import numpy_api as tnp
-from .autograd_graph import MAX_LEAF_CHAIN, Node, realize
+from .autograd_exec import realize
+from .autograd_graph import MAX_LEAF_CHAIN, Node
 from .grad_mode import mode
 from .indexing import _expand as expand_index
 from .indexing import getitem
@@ -191,8 +192,12 @@ def _expand(self: Tensor, *sizes: Any) -> Tensor:
     return record(_r(tnp.broadcast_to), "Expand", (self, shape), {})
 
 
+def identity(x: Any) -> Any:
+    return x
+
+
 def _clone(self: Tensor) -> Tensor:
-    return record(lambda x: x, "Clone", (self,), {})
+    return record(identity, "Clone", (self,), {})
 
 
 def _to(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
@@ -341,11 +346,23 @@ Tensor.__imul__ = lambda self, other: Tensor.mul_(self, other)
 Tensor.__itruediv__ = lambda self, other: Tensor.div_(self, other)
 
 
+def _fill(x: Any, v: Any) -> Any:
+    return E.add(E.mul(x, 0), v)
+
+
+def _copy(x: Any, s: Any) -> Any:
+    return E.broadcast_to(E.convert(s, x.dtype), x.shape)
+
+
+def _masked_set(x: Any, m: Any, v: Any) -> Any:
+    return E.where(m, E.convert(v, x.dtype) if not isinstance(v, (int, float)) else v, x)
+
+
 def _set_value(self: Tensor, value: np.ndarray) -> Tensor:
     """Overwrite with a concrete value (the tensor leaves the graph, as a filled leaf)."""
     _check_inplace(self)
     if self._fn is not None and mode.grad:
-        return assign(self, record(lambda x, v: x * 0 + v, "Fill", (self, value), {}))
+        return assign(self, record(_fill, "Fill", (self, value), {}))
     new = Tensor._leaf(np.asarray(value, self.dtype))
     return assign(self, new)
 
@@ -358,8 +375,7 @@ Tensor.fill_ = lambda self, v: _set_value(self, np.full(self.shape, v._val() if 
 def _copy_(self: Tensor, src: Any) -> Tensor:
     _check_inplace(self)
     src = src if isinstance(src, Tensor) else Tensor._leaf(np.asarray(src))
-    return assign(self, record(lambda x, s: E.broadcast_to(E.convert(s, x.dtype), x.shape),
-                               "Copy", (self, src), {}))
+    return assign(self, record(_copy, "Copy", (self, src), {}))
 
 
 def _uniform_(self: Tensor, a: float = 0.0, b: float = 1.0) -> Tensor:
@@ -380,10 +396,9 @@ Tensor.normal_ = _normal_
 def _setitem(self: Tensor, index: Any, value: Any) -> None:
     _check_inplace(self)
     if isinstance(index, Tensor) and index.dtype == np.bool_:
-        new = record(lambda x, m, v: E.where(m, E.convert(v, x.dtype) if not isinstance(
-            v, (int, float)) else v, x), "MaskedFill", (self, index, value), {})
+        new = record(_masked_set, "MaskedFill", (self, index, value), {})
     else:
-        new = record(lambda x, v: _scatter(x, v, index), "CopySlices", (self, value), {})
+        new = record(_scatter, "CopySlices", (self, value, index), {})
     if new._fn is not None:
         new._fn.name_ = "CopySlices"
     assign(self, new)

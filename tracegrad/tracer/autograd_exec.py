@@ -1,0 +1,373 @@
+"""Running recorded Tensor IR: walking the Node graph into one IR graph, recognising graphs
+seen before by their nodes' signatures (so a training step's graph is optimised once and then
+costs a dictionary lookup and one call), realising pending values, and the one-graph
+backward pass used when no hook needs to see intermediate gradients."""
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import numpy as np
+
+from .. import ir
+from ..ir.core import Var
+from .autograd_graph import AccumulateGrad, Node
+from ..config import config
+from . import executor
+from .executor import compile_graph
+
+CACHE_SIZE = 512
+
+
+class Bail(Exception):
+    """The graph needs the general, node-by-node engine."""
+
+
+class Walk:
+    """A post-order walk of nodes from some roots: the nodes, the graph inputs they read (with
+    where gradients go, for a backward walk), and a structural key (None if some node has no
+    signature)."""
+    __slots__ = ("order", "index", "in_vars", "in_vals", "in_gsrc", "key", "leafs", "slots",
+                 "reaching", "forced", "force", "pending")
+
+    def __init__(self) -> None:
+        self.order: list[Node] = []
+        self.index: dict[int, int] = {}
+        self.in_vars: list[Var] = []
+        self.in_vals: list[Any] = []
+        self.in_gsrc: list[Any] = []
+        self.slots: dict[int, int] = {}
+        self.key: list | None = []
+        self.leafs: list[Node] = []
+        self.reaching: set[int] = set()
+        self.forced = False     # some node is walked for its internal values
+        self.force: dict | None = None
+        self.pending: list = []
+
+    def _input(self, var: Var, val: Any, gsrc: Any) -> int:
+        k = self.slots.get(var.id)
+        if k is None:
+            k = self.slots[var.id] = len(self.in_vars)
+            self.in_vars.append(var)
+            self.in_vals.append(val)
+            self.in_gsrc.append(gsrc)
+            if gsrc is not None:
+                self.reaching.add(var.id)
+        return k
+
+
+def _cached(node: Node, var: Var) -> Any:
+    vals = node.values
+    return None if vals is None else vals.get(var.id)
+
+
+def _source(entry: tuple, grad: bool, force: dict) -> tuple[Any, Node | None]:
+    """(known value or None, node to walk into or None) for one entry of a node."""
+    var, gsrc, vsrc = entry
+    if grad:
+        if isinstance(gsrc, Node):
+            return None, gsrc
+        if isinstance(gsrc, AccumulateGrad):    # leaves are inputs, even pending ones
+            if isinstance(vsrc, np.ndarray):
+                return vsrc, None
+            return _cached(vsrc, var), None
+    if var is None:
+        return None, vsrc
+    if force:
+        forced = force.get(var.id)
+        if forced is not None:
+            return None, forced
+    if isinstance(vsrc, np.ndarray):
+        return vsrc, None
+    val = _cached(vsrc, var)
+    return (val, None) if val is not None else (None, vsrc)
+
+
+def _out_index(node: Node, var: Var | None) -> int:
+    if var is None:
+        return -1
+    for i, v in enumerate(node.out_vars):
+        if v is var:
+            return i
+    return -2
+
+
+def walk(roots: list[Node], grad: bool, force: dict | None = None) -> Walk:
+    """Walk the nodes computing `roots`. With `grad`, follow gradient edges too and raise
+    Bail where the one-graph backward would not match the node-by-node semantics. Known
+    values are read as inputs, except those of `force` (var id -> node recomputing it)."""
+    w = Walk()
+    w.force = force
+    state: dict[int, bool] = {}
+    stack: list[tuple[Node, bool]] = [(r, False) for r in reversed(roots)]
+    while stack:
+        n, done = stack.pop()
+        if done:
+            _finish(w, n, grad, force)
+            continue
+        if id(n) in state:
+            continue
+        state[id(n)] = True
+        stack.append((n, True))
+        if grad:
+            _check_plain(n)
+        for entry in reversed(n.args):
+            if entry[0] is None:
+                w.forced = True
+            val, sub = _source(entry, grad, force)
+            if sub is not None:
+                if id(sub) not in state:
+                    stack.append((sub, False))
+            elif grad and isinstance(entry[1], AccumulateGrad):
+                _check_leaf(entry[1])
+    return w
+
+
+def _finish(w: Walk, n: Node, grad: bool, force: dict) -> None:
+    refs = []
+    for entry in n.args:
+        var, gsrc, vsrc = entry
+        val, sub = _source(entry, grad, force)
+        if sub is None:
+            if val is None:     # a leaf whose in-place update is pending
+                w.pending.append((var, vsrc))
+            k = w._input(var, val, gsrc if grad else None)
+            refs.append(k)
+            if grad and gsrc is None and var.id in w.reaching:
+                raise Bail
+        else:
+            pos = _out_index(sub, var)
+            if grad and (pos < 0 or not sub.grad and isinstance(gsrc, Node)):
+                raise Bail
+            refs.append((w.index[id(sub)], pos))
+            if grad and gsrc is None and var.id in w.reaching:
+                raise Bail    # a no-grad use of a differentiable value
+    if n.leaf_chain:
+        w.leafs.append(n)
+    w.index[id(n)] = len(w.order)
+    w.order.append(n)
+    if grad and n.grad:
+        w.reaching.update(v.id for v in n.out_vars)
+    if w.key is not None:
+        if n.sig is None:
+            w.key = None
+        else:
+            w.key.append((n.sig, tuple(refs)))
+
+
+def _check_plain(n: Node) -> None:
+    if n.tensor_hooks or n.retains or n.pre_hooks or n.post_hooks or n.fn_ctx is not None \
+            and not isinstance(n.fn_ctx, dict):
+        raise Bail
+    if n.grad and not n.eqns:
+        raise Bail
+    for s in n.saved or ():
+        if s.unpack is not None:
+            raise Bail
+
+
+def _check_leaf(acc: AccumulateGrad) -> None:
+    if acc.post_hooks or acc.variable._get("hooks"):
+        raise Bail
+
+
+class CachedGraph:
+    """An optimised graph. With `config.tiering` it runs on the interpreter until it is hot
+    (seen twice), then compiles in a background thread and switches to native code when that
+    is ready — so a program whose graph keeps changing never waits on the compiler."""
+    __slots__ = ("graph", "calls", "fn", "extra", "future")
+
+    def __init__(self, graph: ir.Graph, extra: Any = None):
+        self.graph = graph
+        self.calls = 0
+        self.fn = None
+        self.extra = extra
+        self.future = None
+
+    def __call__(self, args: list) -> list:
+        fn = self.fn
+        if fn is not None:
+            return fn(args)
+        if not config.tiering or not has_backend():
+            self.fn = compile_graph(self.graph)
+            return self.fn(args)
+        self.calls += 1
+        if self.future is None and self.calls >= 2:
+            self.future = _compiler().submit(compile_graph, self.graph)
+        elif self.future is not None and self.future.done():
+            self.fn = self.future.result()
+            return self.fn(args)
+        return execute_interpreted(self.graph, args)
+
+
+_pool: list = []
+
+
+def has_backend() -> bool:
+    return "compile" in executor._backend and not config.disable_jit
+
+
+def execute_interpreted(graph: ir.Graph, args: list) -> list:
+    return executor._interpret(graph, args)
+
+
+def _compiler() -> Any:
+    if not _pool:
+        from concurrent.futures import ThreadPoolExecutor
+        _pool.append(ThreadPoolExecutor(1, thread_name_prefix="tracegrad-compile"))
+    return _pool[0]
+
+
+class _LRU:
+    def __init__(self, size: int):
+        self.size = size
+        self.items: collections.OrderedDict = collections.OrderedDict()
+
+    def get(self, key: Any) -> Any:
+        hit = self.items.get(key)
+        if hit is not None:
+            self.items.move_to_end(key)
+        return hit
+
+    def put(self, key: Any, value: Any) -> None:
+        self.items[key] = value
+        if len(self.items) > self.size:
+            self.items.popitem(last=False)
+
+
+_value_graphs = _LRU(CACHE_SIZE)
+_grad_graphs = _LRU(CACHE_SIZE)
+
+
+# ---- realising values -------------------------------------------------------------------------
+
+def realize(tensors: list) -> None:
+    """Compute the values of pending tensors together, in one graph."""
+    targets, seen = [], set()
+    for t in tensors:
+        if t._value is None and t._var.id not in seen:
+            val = _cached(t._node, t._var)
+            if val is not None:
+                t._value = val
+                continue
+            seen.add(t._var.id)
+            targets.append((t._var, t._node))
+    if targets:
+        realize_vars(targets)
+    for t in tensors:
+        if t._value is None:
+            t._value = t._node.values[t._var.id]
+
+
+def realize_vars(targets: list[tuple[Var, Node]]) -> None:
+    """Compute `var`s of `node`s, caching the values in the nodes."""
+    roots = [n for _, n in targets]
+    w = walk(roots, grad=False)
+    while w.forced:    # a node recomputed for its internals may also produce an input:
+        made = {v.id: n for n in w.order for e in n.eqns for v in e.outvars}
+        clash = {v.id: made[v.id] for v in w.in_vars if v.id in made}
+        if not clash:     # then read it from that node, so it is ordered first
+            break
+        w = walk(roots, grad=False, force=clash if w.force is None else {**w.force, **clash})
+    extra = [(v, n) for n in w.leafs for v in n.out_vars]
+    outs = targets + extra
+    key = None
+    if w.key is not None:
+        key = (tuple(w.key), tuple((w.index[id(n)], _out_index(n, v)) for v, n in outs))
+    entry = _value_graphs.get(key) if key is not None else None
+    if entry is None:
+        eqns = [e for n in w.order for e in n.eqns]
+        graph = ir.optimize(ir.Graph(w.in_vars, eqns, [v for v, _ in outs]))
+        entry = CachedGraph(graph)
+        if key is not None:
+            _value_graphs.put(key, entry)
+    vals = entry(w.in_vals)
+    for (v, n), val in zip(outs, vals, strict=True):
+        if n.values is None:
+            n.values = {}
+        n.values[v.id] = val
+    for n in w.leafs:
+        release(n)
+    for _, n in targets:
+        if not n.grad:
+            release(n)
+
+
+def release(node: Node) -> None:
+    """Forget how a no-grad node's values were computed once they are all known."""
+    vals = node.values
+    if vals is not None and all(v.id in vals for v in node.out_vars):
+        node.eqns = []
+        node.args = []
+        node.leaf_chain = 0
+        node.sig = None
+
+
+# ---- the one-graph backward ----------------------------------------------------------------------
+
+def fast_backward(roots: list, grads: list, retain: bool) -> bool:
+    """`backward()` as one graph — forward and backward of everything from the leaves to the
+    roots — when no hook, retain_grad, Function or unpack hook needs a node-by-node walk.
+    Returns False (having changed nothing) when the graph needs the general engine."""
+    from .autograd_engine import check_saved
+    from .tensor import assign_
+    if not all(isinstance(t._fn, Node) for t in roots):
+        return False
+    try:
+        w = walk([t._fn for t in roots], grad=True)
+        if w.pending:   # compute pending leaf values (optimizer updates) first
+            realize_vars(w.pending)
+            w = walk([t._fn for t in roots], grad=True)
+    except Bail:
+        return False
+    if w.forced:
+        return False
+    for n in w.order:
+        if n.grad:
+            check_saved(n)
+    outs = [(w.index[id(t._fn)], _out_index(t._fn, t._var)) for t in roots]
+    key = None
+    if w.key is not None:
+        key = (tuple(w.key), tuple(outs), tuple(g is not None for g in w.in_gsrc))
+    entry = _grad_graphs.get(key) if key is not None else None
+    if entry is None:
+        entry = _backward_graph(w, roots)
+        if key is not None:
+            _grad_graphs.put(key, entry)
+    wrt = entry.extra
+    vals = entry(w.in_vals + [g._val() for g in grads])
+    for t, v in zip(roots, vals[:len(roots)], strict=True):
+        n = t._fn
+        if n.values is None:
+            n.values = {}
+        n.values[t._var.id] = v
+        t._value = v
+    sums: dict[int, list] = {}
+    for slot, g in zip(wrt, vals[len(roots):], strict=True):
+        leaf = w.in_gsrc[slot].variable
+        prev = sums.get(id(leaf))
+        sums[id(leaf)] = [leaf, g if prev is None else prev[1] + g]
+    for leaf, g in sums.values():
+        old = leaf._get("grad")
+        if old is None:
+            from .tensor import Tensor
+            leaf._extra()["grad"] = Tensor._leaf(g)
+        else:
+            assign_(old, old._val() + g)
+    if not retain:
+        for n in w.order:
+            if n.grad:
+                n.freed = True
+                for s in n.saved or ():
+                    s.tensor = s.packed = None
+    return True
+
+
+def _backward_graph(w: Walk, roots: list) -> CachedGraph:
+    b = ir.Builder("backward")
+    ins = [b.new_input(v.aval) for v in w.in_vars]
+    cts = [b.new_input(t._var.aval) for t in roots]
+    fwd = ir.Graph(w.in_vars, [e for n in w.order for e in n.eqns], [t._var for t in roots])
+    wrt = [i for i, g in enumerate(w.in_gsrc) if g is not None]
+    outs, grads = ir.backward_pass(b, fwd, ins, cts, wrt)
+    return CachedGraph(ir.optimize(b.build(outs + grads)), wrt)
