@@ -569,6 +569,10 @@ def _own_var(b: Builder, o: Any, entries: list) -> Var | None:
     return atom
 
 
+def _needs_grad(a: Any) -> bool:
+    return isinstance(a, Tensor) and a._rg
+
+
 def _save(node: Node, name: str, args: tuple, result: Tensor | None) -> None:
     slots = SAVED.get(name)
     if not slots:
@@ -582,6 +586,8 @@ def _save(node: Node, name: str, args: tuple, result: Tensor | None) -> None:
                 saved.append(SavedTensor(None, result._var, result._vc, s, node, hooks))
         elif s < len(args) and isinstance(args[s], Tensor):
             t = args[s]
+            if name in ("Mul", "Div") and s == 0 and not _needs_grad(args[1]):
+                continue    # d(x*c)/dc is not needed: x need not be kept
             if t._get("inference"):
                 raise RuntimeError(
                     "Inference tensors cannot be saved for backward. Please do not use Tensors "

@@ -287,6 +287,7 @@ def assign(self: Tensor, new: Tensor) -> Tensor:
             raise RuntimeError(f"result type {new.dtype} can't be cast to the desired output "
                                f"type {self.dtype}")
     prev = self._node if self._value is None else None
+    own = new._fn if new._fn is not None and new._fn.saved else None
     self._var, self._value, self._node = new._var, new._value, new._node
     if new._fn is not None:
         self._fn = new._fn
@@ -294,6 +295,10 @@ def assign(self: Tensor, new: Tensor) -> Tensor:
     elif self._fn is None and self._value is None:
         _chain(self, prev)
     self._vc[0] += 1
+    if own is not None:     # the op read the value it replaced: that is not a later change
+        for s in own.saved:
+            if s.vc is self._vc:
+                s.version = self._vc[0]
     base = self._get("base")
     if base is not None:
         prev = base._node if base._value is None else None
