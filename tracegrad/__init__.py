@@ -37,3 +37,4 @@ from .tracer.tensor_factories import (  # noqa: E402
     arange, eye, full, linspace, ones, ones_like, rand, randn, tensor, zeros, zeros_like,
 )
 from . import autograd  # noqa: E402
+from . import distributed  # noqa: E402  (tg.distributed; imports mpi4py only in init())
