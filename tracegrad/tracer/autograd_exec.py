@@ -5,6 +5,7 @@ backward pass used when no hook needs to see intermediate gradients."""
 from __future__ import annotations
 
 import collections
+import time
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,8 @@ from . import executor
 from .executor import compile_graph
 
 CACHE_SIZE = 512
+# Roughly what compiling costs per equation (cold); interpretation time is weighed against it.
+COMPILE_SECONDS_PER_EQN = 1e-3
 
 
 class Bail(Exception):
@@ -172,14 +175,15 @@ def _check_leaf(acc: AccumulateGrad) -> None:
 
 
 class CachedGraph:
-    """An optimised graph. With `config.tiering` it runs on the interpreter until it is hot
-    (seen twice), then compiles in a background thread and switches to native code when that
-    is ready — so a program whose graph keeps changing never waits on the compiler."""
-    __slots__ = ("graph", "calls", "fn", "extra", "future")
+    """An optimised graph. With `config.tiering` it runs on the interpreter until the time
+    spent interpreting it approaches what compiling would cost, then compiles in a background
+    thread and switches to native code when that is ready — so a program whose graph keeps
+    changing never waits on the compiler, and a hot one ends up native."""
+    __slots__ = ("graph", "spent", "fn", "extra", "future")
 
     def __init__(self, graph: ir.Graph, extra: Any = None):
         self.graph = graph
-        self.calls = 0
+        self.spent = 0.0
         self.fn = None
         self.extra = extra
         self.future = None
@@ -191,13 +195,17 @@ class CachedGraph:
         if not config.tiering or not has_backend():
             self.fn = compile_graph(self.graph)
             return self.fn(args)
-        self.calls += 1
-        if self.future is None and self.calls >= 2:
+        if self.future is not None:
+            if self.future.done():
+                self.fn = self.future.result()
+                return self.fn(args)
+            return execute_interpreted(self.graph, args)
+        t0 = time.perf_counter()
+        out = execute_interpreted(self.graph, args)
+        self.spent += time.perf_counter() - t0
+        if self.spent > COMPILE_SECONDS_PER_EQN * len(self.graph.eqns):
             self.future = _compiler().submit(compile_graph, self.graph)
-        elif self.future is not None and self.future.done():
-            self.fn = self.future.result()
-            return self.fn(args)
-        return execute_interpreted(self.graph, args)
+        return out
 
 
 _pool: list = []

@@ -449,8 +449,10 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
     sig = tpl = None
     if cache and not deps and None not in desc:
         sig = _signature(desc)
-        if sig is not None:
+        try:
             tpl = _templates.get(sig)
+        except TypeError:       # an argument that cannot be hashed: no signature
+            sig = None
     if tpl is not None:     # seen before: copy the recorded IR instead of re-deriving it
         out_vars, eqns = _instantiate(tpl, entries, user_source())
         out_type = tpl[3]
@@ -478,6 +480,7 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
         if sig is not None:
             if len(_templates) > TEMPLATE_LIMIT:
                 _templates.clear()
+                _names.clear()
             _templates[sig] = ([e[0].id for e in entries], eqns, out_vars, out_type)
     if deps:
         entries.extend(deps)
@@ -488,7 +491,7 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
         if v is None:
             results.append(None)
             continue
-        differentiable = requires and is_float(v.aval.dtype)
+        differentiable = requires and v.aval.dtype.kind == "f"
         if differentiable:
             node.grad = True
         results.append(Tensor._from_var(v, node, node if differentiable else None))
@@ -499,7 +502,12 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
             if t is not None:
                 t._x = {"inference": True}
     if node.grad:
-        node.name_ = _grad_name(name, args, kwargs)
+        gname = _names.get((name, sig)) if sig is not None else None
+        if gname is None:
+            gname = _grad_name(name, args, kwargs)
+            if sig is not None:
+                _names[(name, sig)] = gname
+        node.name_ = gname
         _save(node, name, args, results[0])
     if not multi:
         return results[0]
@@ -508,6 +516,7 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
 
 TEMPLATE_LIMIT = 4096
 _templates: dict = {}     # signature -> (input var ids, eqns, output vars, output type)
+_names: dict = {}         # (op name, signature) -> grad_fn name
 
 
 def _signature(desc: list) -> tuple | None:
@@ -520,12 +529,7 @@ def _signature(desc: list) -> tuple | None:
             sig.append((first.setdefault(d[0], len(first)), d[1], d[2]))
         else:
             sig.append(d)
-    sig = tuple(sig)
-    try:
-        hash(sig)
-    except TypeError:
-        return None
-    return sig
+    return tuple(sig)
 
 
 def _instantiate(tpl: tuple, entries: list, source: str | None) -> tuple[list, list]:
