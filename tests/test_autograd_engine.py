@@ -266,11 +266,11 @@ def test_repeated_structure_reuses_one_cached_graph():
         x = tg.tensor(np.full((1, 3), float(i), np.float32))
         loss = ((x @ w).tanh() * 2.0).sum()
         loss.backward()
-        close(w.grad, (i + 1) * 0 + w.grad.numpy())
+        assert w.grad.shape == (3, 3)
         w.grad = None
     assert len(autograd_exec._grad_graphs.items) == 1
     entry = next(iter(autograd_exec._grad_graphs.items.values()))
-    assert entry.calls >= 1 or entry.fn is not None
+    assert entry.fn is not None or entry.spent > 0
 
 
 def test_dropout_seed_is_a_graph_input():
