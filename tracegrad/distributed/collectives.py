@@ -9,7 +9,7 @@ import numpy as np
 
 from ..tracer.pytree import TreeDef, tree_flatten, tree_unflatten
 from ..tracer.tensor import Tensor
-from .world import get_world, mpi
+from .world import get_world
 
 
 def allreduce_sum(tree: Any) -> Any:
@@ -83,8 +83,7 @@ def _allreduce(tree: Any, mean: bool) -> Any:
     for dtype, idx in _by_dtype(arrays).items():
         buf = _pack(arrays, idx, dtype)
         if world.size > 1:
-            MPI = mpi()
-            world.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            world.comm.Allreduce(world.MPI.IN_PLACE, buf, op=world.MPI.SUM)
         if mean:
             if dtype.kind in "fc":
                 buf /= world.size

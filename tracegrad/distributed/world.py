@@ -22,12 +22,14 @@ INSTALL_HINT = "pip install 'tracegrad[mpi]'  (mpi4py and the MPICH wheels)"
 @dataclass(frozen=True)
 class World:
     """This process's place in the job. `comm` is the mpi4py communicator (None in a
-    one-process world); `local_rank`/`local_size` count the ranks on this host."""
+    one-process world) and `MPI` the `mpi4py.MPI` module it came from; `local_rank` and
+    `local_size` count the ranks on this host."""
     rank: int
     size: int
     local_rank: int = 0
     local_size: int = 1
     comm: Any = None
+    MPI: Any = None
 
     @property
     def is_root(self) -> bool:
@@ -122,7 +124,7 @@ def _mpi_world(comm: Any) -> World:
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
         return World(comm.Get_rank(), comm.Get_size(), local.Get_rank(), local.Get_size(),
-                     comm)
+                     comm, MPI)
     finally:
         local.Free()
 
