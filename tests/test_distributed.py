@@ -49,7 +49,10 @@ def fake_world(monkeypatch):
     return make
 
 
-def test_single_process_world_without_launcher():
+def test_single_process_world_without_launcher(monkeypatch):
+    monkeypatch.setattr(W, "_world", None)
+    for var in W.LAUNCHER_VARS + ("TRACEGRAD_MPI",):
+        monkeypatch.delenv(var, raising=False)
     w = dist.init()
     assert (w.rank, w.size, w.comm) == (0, 1, None) and dist.get_world_size() == 1
     tree = {"w": np.ones((2, 3), np.float32), "b": [tg.tensor([1.0, 2.0]), np.arange(3)]}
@@ -173,7 +176,7 @@ def mpiexec():
     probe = [launcher, "-n", "2", sys.executable, "-c",
              "from mpi4py import MPI; MPI.COMM_WORLD.Barrier()"]
     try:
-        r = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+        r = subprocess.run(probe, capture_output=True, text=True, timeout=30, env=_env())
     except subprocess.TimeoutExpired:
         pytest.skip(f"{launcher} -n 2 did not start two ranks within 30 s")
     if r.returncode != 0:
@@ -181,11 +184,15 @@ def mpiexec():
     return launcher
 
 
+def _env() -> dict[str, str]:
+    """This environment minus any MPI launcher's variables (pytest itself may run in one)."""
+    return {k: v for k, v in os.environ.items() if k not in W.LAUNCHER_VARS}
+
+
 def _run(mpiexec: str, n: int, mode: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in W.LAUNCHER_VARS}
     try:
         return subprocess.run([mpiexec, "-n", str(n), sys.executable, WORKER, mode],
-                              capture_output=True, text=True, timeout=60, env=env)
+                              capture_output=True, text=True, timeout=60, env=_env())
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"mpiexec -n {n} {mode} hung (no exit within 60 s): {e.stderr!r:.2000}")
 
@@ -214,3 +221,14 @@ def test_a_failing_rank_stops_every_rank(mpiexec):
     assert r.returncode != 0
     assert "RuntimeError: deliberate failure on rank 1" in r.stderr
     assert "rank 1 of 2 failed" in r.stderr and "aborting all 2 ranks" in r.stderr
+
+
+def test_train_ddp_example_runs_on_two_ranks(mpiexec):
+    pytest.importorskip("sklearn")
+    example = os.path.join(os.path.dirname(os.path.dirname(WORKER)), "examples", "train_ddp.py")
+    r = subprocess.run([mpiexec, "-n", "2", sys.executable, example, "--steps", "60"],
+                       capture_output=True, text=True, timeout=120, env=_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 rank(s), global batch 64 (32 per rank)" in r.stdout
+    accuracy = float(r.stdout.rsplit("test accuracy ", 1)[1].split("%")[0])
+    assert accuracy > 75, r.stdout

@@ -13,7 +13,8 @@ from .world import get_world
 
 
 def allreduce_sum(tree: Any) -> Any:
-    """The elementwise sum of `tree` over all ranks, on every rank."""
+    """The elementwise sum of `tree` over all ranks, on every rank. In a world of one
+    process the tree itself comes back (no copy)."""
     return _allreduce(tree, mean=False)
 
 
@@ -79,6 +80,8 @@ def _allreduce(tree: Any, mean: bool) -> Any:
         if a.dtype == np.bool_ or a.dtype.kind not in "fiuc":
             raise TypeError(f"allreduce: leaf {path} has dtype {a.dtype}, which cannot be "
                             "summed; cast it to a number type first")
+    if world.size == 1 and all(a.dtype.kind in "fc" or not mean for a in arrays):
+        return tree          # a world of one: the values themselves (no packing copies)
     out: list[np.ndarray | None] = [None] * len(arrays)
     for dtype, idx in _by_dtype(arrays).items():
         buf = _pack(arrays, idx, dtype)
