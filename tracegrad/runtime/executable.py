@@ -11,7 +11,7 @@ from ..codegen import Layout
 from ..codegen.module import ARRAY_DATA_OFFSET, FIRST_SLOT
 from ..ir import Graph, Lit
 from .blas import blas_threads_address, gemm_addresses
-from .pool import PARALLEL_FOR_ADDR
+from .pool import parallel_for_address
 
 
 def _check_array_layout() -> None:
@@ -34,7 +34,7 @@ class _Frame:
         self.table = (ctypes.c_void_p * max(layout.n_slots, FIRST_SLOT))()
         self.addr = ctypes.addressof(self.table)
         sgemm, dgemm = gemm_addresses()
-        self.table[0], self.table[1], self.table[2] = PARALLEL_FOR_ADDR, sgemm, dgemm
+        self.table[0], self.table[1], self.table[2] = parallel_for_address(), sgemm, dgemm
         self.table[3] = blas_threads_address()
         self.keep = list(consts)
         for slot, j in layout.const_slots:
