@@ -2,6 +2,7 @@
 and jvp/vjp consistency, all in float64 on the reference interpreter."""
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -10,6 +11,30 @@ import pytest
 import tracegrad as tg
 
 EPS = 1e-6
+
+try:
+    import hypothesis
+except ImportError:   # pragma: no cover - hypothesis is a dev dependency
+    hypothesis = None
+else:
+    # "ci" (default) keeps the suite fast; HYPOTHESIS_PROFILE=long runs many more examples.
+    _quiet = {"deadline": None, "suppress_health_check": list(hypothesis.HealthCheck)}
+    hypothesis.settings.register_profile("ci", max_examples=30, derandomize=True, **_quiet)
+    hypothesis.settings.register_profile("long", max_examples=1000, **_quiet)
+    hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line("markers", "slow: minutes-long reliability checks, run only with "
+                            "TRACEGRAD_SLOW=1")
+
+
+def pytest_collection_modifyitems(config: Any, items: list) -> None:
+    if os.environ.get("TRACEGRAD_SLOW", "") in ("", "0"):
+        skip = pytest.mark.skip(reason="slow; set TRACEGRAD_SLOW=1 to run")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip)
 
 
 def rand(*shape: int, seed: int = 0, low: float = -1.0, high: float = 1.0,
