@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +17,8 @@ from typing import Any
 # fallback would then train N independent models.
 LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
                  "MPI_LOCALNRANKS", "SLURM_PROCID")
+
+ABORT_GRACE_S = 0.5     # how long a failing rank waits for its traceback to be forwarded
 
 INSTALL_HINT = "pip install 'tracegrad[mpi]'  (mpi4py and the MPICH wheels)"
 
@@ -138,16 +142,16 @@ def _split_threads(local_size: int) -> None:
 
 
 def _install_abort_hook(world: World) -> None:
-    previous = sys.excepthook
-
     def abort_all(kind: type, value: BaseException, tb: Any) -> None:
         try:
-            previous(kind, value, tb)
-            sys.stderr.write(
+            text = "".join(traceback.format_exception(kind, value, tb)) + (
                 f"tracegrad.distributed: rank {world.rank} of {world.size} failed with "
                 f"{kind.__name__}: {value}\ntracegrad.distributed: aborting all "
                 f"{world.size} ranks (MPI_Abort)\n")
             sys.stderr.flush()
+            os.write(2, text.encode(errors="replace"))   # one write: ranks do not interleave
+            # the launcher drops output still in its pipes once it sees the abort
+            time.sleep(ABORT_GRACE_S)
         finally:
             world.comm.Abort(1)
 
