@@ -126,7 +126,9 @@ def xw():
             (0.3 * rng.standard_normal((16, 16))).astype(np.float32))
 
 
-def test_checkpoint_gives_the_same_values_and_gradients(xw):
+def test_checkpoint_gives_the_same_values_and_gradients(xw, monkeypatch):
+    # all three natively (tiering would interpret the un-jitted ones: float32 differs by ulps)
+    monkeypatch.setattr(tg.config, "tiering", False)
     x, w = xw
     np.testing.assert_array_equal(tg.checkpoint(block)(x, w), block(x, w))
     want = tg.grad(deep(False), argnums=(0, 1))(x, w)

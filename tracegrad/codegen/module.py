@@ -67,9 +67,10 @@ class Lowered:
 
 
 class _Lowering:
-    def __init__(self, graph: Graph, use_blas: bool):
+    def __init__(self, graph: Graph, use_blas: bool, threads: int):
         self.graph = graph
         self.use_blas = use_blas
+        self.threads = threads
         self.plan = plan_graph(graph)
         self.math_sites = sum(e.op in TRANSCENDENTAL for e in self.plan.graph.eqns)
         self.module = ir.Module(name="tracegrad")
@@ -184,10 +185,11 @@ class _Lowering:
                 self.slot["gemm"], self.dtype["gemm"] = gemm_slot(group), np.dtype(np.int8)
                 self.slot["blas_threads"] = SLOT_BLAS_THREADS
                 self.dtype["blas_threads"] = np.dtype(np.int8)
-            k = self.kernel(name, keys, group, ("blas", blas))
+            gsplit = gemm_tasks(group, self.threads) if blas else (1, 0, False)
+            k = self.kernel(name, keys, group, ("blas", blas, gsplit))
             if k.fresh:
-                emit_matmul(k, group, blas)
-            return [(k.finish(), gemm_tasks(group)[0] if blas else 1)]
+                emit_matmul(k, group, blas, gsplit)
+            return [(k.finish(), gsplit[0])]
         reads = [a.id for e in group.eqns for a in e.inputs
                  if isinstance(a, Var) and a.id not in produced]
         if group.kind == "scatter_add":
@@ -232,7 +234,8 @@ class _Lowering:
         return calls
 
 
-def lower_graph(graph: Graph, use_blas: bool = True) -> Lowered:
+def lower_graph(graph: Graph, use_blas: bool = True, threads: int = 1) -> Lowered:
     """Plan fusion groups and emit the LLVM module and buffer layout for `graph`.
-    `use_blas`: large float matmuls call the ?gemm whose address is in slots 1-2."""
-    return _Lowering(graph, use_blas).lower()
+    `use_blas`: large float matmuls call the ?gemm whose address is in slots 1-2.
+    `threads`: the pool size GEMMs are split for (results do not depend on it)."""
+    return _Lowering(graph, use_blas, threads).lower()

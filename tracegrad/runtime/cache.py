@@ -28,6 +28,7 @@ from .blas import gemm_addresses
 from .compiler import compile_object, optimised_module
 from .executable import Executable
 from .jit import load_object
+from .pool import num_threads
 from .target import emit_assembly, target_id
 
 MAGIC = b"TGOBJ001"
@@ -61,8 +62,9 @@ def disk_enabled() -> bool:
 
 def cache_key(graph: Graph) -> str:
     use_blas = gemm_addresses()[0] != 0
+    # GEMMs are split for the pool's size (results do not depend on it, speed does)
     text = "|".join([structural_hash(graph), target_id(), __version__, backend_revision(),
-                     f"blas={use_blas}"])
+                     f"blas={use_blas}", f"threads={num_threads()}"])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -115,7 +117,8 @@ def _write_entry(path: str, obj: bytes, layout: Layout) -> None:
 def _code_text(graph: Graph, mod_holder: list) -> Any:
     def text(what: str) -> str:
         if not mod_holder:   # loaded from disk: rebuild the module (no recompile of code)
-            mod_holder.append(optimised_module(graph, gemm_addresses()[0] != 0)[1])
+            mod_holder.append(optimised_module(graph, gemm_addresses()[0] != 0,
+                                              num_threads())[1])
         mod = mod_holder[0]
         return str(mod) if what == "llvm_ir" else emit_assembly(mod)
     return text
@@ -133,6 +136,20 @@ def compile_graph(graph: Graph) -> Executable:
     return exe
 
 
+def find_compiled(graph: Graph) -> Executable | None:
+    """`graph`'s code if this process or the disk cache already has it; never compiles."""
+    key = cache_key(graph)
+    hit = _memory.get(key)
+    if hit is not None:
+        stats.memory_hits += 1
+        return hit
+    if disk_enabled() and os.path.exists(entry_path(key)):
+        exe = _build(graph, key)
+        _memory.put(key, exe)
+        return exe
+    return None
+
+
 def _build(graph: Graph, key: str) -> Executable:
     path = entry_path(key)
     found = _read_entry(path) if disk_enabled() else None
@@ -141,7 +158,8 @@ def _build(graph: Graph, key: str) -> Executable:
         obj, layout = found
         stats.disk_hits += 1
     else:
-        obj, layout, mod = compile_object(graph, key, gemm_addresses()[0] != 0)
+        obj, layout, mod = compile_object(graph, key, gemm_addresses()[0] != 0,
+                                          num_threads())
         holder.append(mod)
         if disk_enabled():
             _write_entry(path, obj, layout)

@@ -27,15 +27,16 @@ def log_compile(msg: str) -> None:
         logger.debug(msg)
 
 
-def optimised_module(graph: Graph, use_blas: bool):
-    lowered = lower_graph(graph, use_blas=use_blas)
+def optimised_module(graph: Graph, use_blas: bool, threads: int = 1):
+    lowered = lower_graph(graph, use_blas=use_blas, threads=threads)
     return lowered, optimise(str(lowered.module))
 
 
-def compile_object(graph: Graph, key: str, use_blas: bool) -> tuple[bytes, Layout, object]:
+def compile_object(graph: Graph, key: str, use_blas: bool,
+                   threads: int = 1) -> tuple[bytes, Layout, object]:
     """Returns (object code, layout, optimised module)."""
     t0 = time.perf_counter()
-    lowered, mod = optimised_module(graph, use_blas)
+    lowered, mod = optimised_module(graph, use_blas, threads)
     t1 = time.perf_counter()
     obj = emit_object(mod)
     t2 = time.perf_counter()

@@ -133,7 +133,12 @@ class Jitted:
         t0 = time.perf_counter()
         tf, _ = trace(self.f, args, self.static)
         graph = ir.optimize(tf.graph)
-        run = compile_graph(graph)
+        # Like JAX, the first signature compiles on the first call. A function that retraces
+        # (static arguments, or a second signature) is tiered: new signatures run on the
+        # interpreter until hot. bench `dynamic` (RNN, 11 lengths over 60 calls): compiling
+        # each length cost 70 ms/iter, tiering 4.5 ms/iter.
+        tiered = bool(self.static) or bool(self.cache)
+        run = compile_graph(graph, tiered=tiered)
         entry = _Entry(graph, tf.out_tree, run)
         if config.log_compiles:
             reason = self._miss_reason(key)
