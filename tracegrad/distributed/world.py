@@ -68,7 +68,7 @@ def init(comm: Any = None, *, set_threads: bool = True, abort_on_error: bool = T
     global _world
     with _lock:
         if _world is not None:
-            if comm is not None and comm is not _world.comm:
+            if comm is not None and comm != _world.comm:
                 raise RuntimeError("tracegrad.distributed.init() was already called with "
                                    "another communicator")
             return _world
