@@ -14,13 +14,13 @@ _NO_FOLD = {"random", "custom_vjp_call", "stop_gradient"}
 
 
 def _substituted(graph: Graph, eqns: list[Eqn], subst: dict[int, Atom]) -> Graph:
+    """The passes rewrite each equation's inputs as they go (a replacement is always an
+    atom already final), so only the outputs are left to read."""
     def read(a: Atom) -> Atom:
         while isinstance(a, Var) and a.id in subst:
             a = subst[a.id]
         return a
 
-    for e in eqns:
-        e.inputs = [read(a) for a in e.inputs]
     return Graph(graph.invars, eqns, [read(a) for a in graph.outvars],
                  graph.constvars, graph.consts)
 
@@ -44,6 +44,8 @@ def dce(graph: Graph) -> Graph:
 
 
 def _freeze(x: Any) -> Any:
+    if not x and isinstance(x, dict):
+        return ()
     if isinstance(x, dict):
         return tuple(sorted((k, _freeze(v)) for k, v in x.items()))
     if isinstance(x, (list, tuple)):
@@ -101,16 +103,22 @@ def _is_lit(a: Atom, value: float) -> bool:
     return isinstance(a, Lit) and a.value.item() == value
 
 
+_MAYBE_IDENTITY = {"reshape", "broadcast", "convert", "stop_gradient_", "transpose", "mul",
+                   "add", "div", "pow", "sub", "neg"}
+
+
 def _identity_input(e: Eqn, producers: dict[int, Eqn]) -> Atom | None:
     """The atom equal to `e`'s output when `e` is a no-op (x*1, x+0, same-shape reshape...)."""
+    op = e.op
+    if op not in _MAYBE_IDENTITY:
+        return None
     out = e.out
     ins = e.inputs
-    same = [a for a in ins if a.aval == out.aval]
-    if e.op in ("reshape", "broadcast", "convert", "stop_gradient_") and ins[0].aval == out.aval:
+    if op in ("reshape", "broadcast", "convert", "stop_gradient_") and ins[0].aval == out.aval:
         return ins[0]
     if e.op == "transpose" and e.params["perm"] == tuple(range(len(out.aval.shape))):
         return ins[0]
-    if e.op in ("mul", "add") and len(same):
+    if e.op in ("mul", "add"):
         unit = 1 if e.op == "mul" else 0
         for a, b in ((ins[0], ins[1]), (ins[1], ins[0])):
             if _is_lit(b, unit) and a.aval == out.aval:
