@@ -77,22 +77,59 @@ class _Lowering:
         self.slot: dict[Any, int] = {}
         self.dtype: dict[Any, np.dtype] = {}
         self.next_slot = FIRST_SLOT
-        self.ws: list[tuple[int, int]] = []
+        self.ws_req: list[tuple[int, int, Any]] = []   # (slot, bytes, key)
         self.bodies: dict[str, ir.Function] = {}
         self.body_uses: dict[str, int] = {}
         g = self.plan.graph
         self.avals = {v.id: v.aval for v in g.invars + g.constvars}
         self.avals.update((v.id, v.aval) for e in g.eqns for v in e.outvars)
-        self.ws_size = 0
 
     def new_slot(self, key, dtype: np.dtype, nbytes: int | None = None) -> int:
         s = self.slot[key] = self.next_slot
         self.dtype[key] = np.dtype(dtype)
         self.next_slot += 1
         if nbytes is not None:
-            self.ws.append((s, self.ws_size))
-            self.ws_size += -(-max(nbytes, 1) // ALIGN) * ALIGN
+            self.ws_req.append((s, -(-max(nbytes, 1) // ALIGN) * ALIGN, key))
         return s
+
+    def lifetimes(self) -> dict[Any, tuple[int, int]]:
+        """(first, last) group index at which each workspace buffer is written or read."""
+        span: dict[Any, tuple[int, int]] = {}
+
+        def touch(key, gi):
+            first, _ = span.get(key, (gi, gi))
+            span[key] = (min(first, gi), gi)
+
+        for gi, group in enumerate(self.plan.groups):
+            for e in group.eqns:
+                atoms = [a for a, _ in group.operands] if e.op == "matmul" else e.inputs
+                for a in atoms:
+                    if isinstance(a, Var):
+                        touch(a.id, gi)
+                for v in e.outvars:
+                    touch(v.id, gi)
+            for e in group.reductions:
+                touch(("partial", e.out.id), gi)
+        return span
+
+    def pack_workspace(self) -> tuple[list[tuple[int, int]], int]:
+        """Offsets for the workspace buffers: two share memory when no group touches both
+        (groups run one after another), placed first-fit by size, largest first."""
+        span = self.lifetimes()
+        placed: list[tuple[int, int, int, int]] = []   # (offset, size, first, last)
+        out, top = [], 0
+        for slot, size, key in sorted(self.ws_req, key=lambda r: -r[1]):
+            first, last = span.get(key, (0, len(self.plan.groups)))
+            busy = sorted((o, o + n) for o, n, f, la in placed if f <= last and first <= la)
+            off = 0
+            for lo, hi in busy:
+                if off + size <= lo:
+                    break
+                off = max(off, hi)
+            placed.append((off, size, first, last))
+            out.append((slot, off))
+            top = max(top, off + size)
+        return sorted(out), top
 
     def layout_buffers(self) -> Layout:
         g = self.graph
@@ -170,7 +207,7 @@ class _Lowering:
             once = self.body_uses[fn.name] == 1 and fn.name not in direct
             fn.attributes.add("alwaysinline" if once else "noinline")
         layout.n_slots = self.next_slot
-        layout.workspace, layout.workspace_size = self.ws, self.ws_size
+        layout.workspace, layout.workspace_size = self.pack_workspace()
         layout.n_kernels = len(calls)
         layout.n_parallel = sum(t > 1 for _, t in calls)
         return Lowered(self.module, layout, self.graph)
