@@ -16,13 +16,19 @@ def _differentiable(aval) -> bool:
     return is_float(aval.dtype)
 
 
-def forward_values(b: Builder, graph: Graph, args: Sequence[Any]) -> dict[int, Traced]:
-    """Inline `graph` into `b`, returning the environment var id -> value (incl. inputs)."""
+def _input_env(b: Builder, graph: Graph, args: Sequence[Any]) -> dict[int, Traced]:
+    """The environment var id -> value holding `graph`'s inputs and constants, in `b`."""
     env: dict[int, Traced] = {}
     for v, a in zip(graph.invars, args):
         env[v.id] = a if isinstance(a, Traced) else Traced(b, b.atom(a))
     for v, c in zip(graph.constvars, graph.consts):
         env[v.id] = Traced(b, b.const(c))
+    return env
+
+
+def forward_values(b: Builder, graph: Graph, args: Sequence[Any]) -> dict[int, Traced]:
+    """Inline `graph` into `b`, returning the environment var id -> value (incl. inputs)."""
+    env = _input_env(b, graph, args)
     for e in graph.eqns:
         ins = [_read(b, env, a) for a in e.inputs]
         outs = b.emit(e.op, [t.atom for t in ins], e.params, e.source)
@@ -102,14 +108,11 @@ def forward_pass(b: Builder, graph: Graph, args: Sequence[Any],
                  tangents: Sequence[Any]) -> tuple[list[Traced], list[Traced | None]]:
     """Emit into `b` the outputs of `graph` and their tangents (None where zero)."""
     with b.active():
-        env: dict[int, Traced] = {}
+        env = _input_env(b, graph, args)
         tan: dict[int, Traced] = {}
-        for v, a, t in zip(graph.invars, args, tangents):
-            env[v.id] = a if isinstance(a, Traced) else Traced(b, b.atom(a))
+        for v, t in zip(graph.invars, tangents):
             if t is not None and _differentiable(v.aval):
                 tan[v.id] = t if isinstance(t, Traced) else Traced(b, b.atom(t))
-        for v, c in zip(graph.constvars, graph.consts):
-            env[v.id] = Traced(b, b.const(c))
         for e in graph.eqns:
             ins = [_read(b, env, a) for a in e.inputs]
             outs = b.emit(e.op, [t.atom for t in ins], e.params, e.source)
