@@ -37,12 +37,16 @@ def _def(name: str, kind: str, rule: Callable, ref: Callable, multi_out: bool = 
 # ---- shape rules -----------------------------------------------------------------------------
 
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    try:
-        return tuple(np.broadcast_shapes(*shapes))
-    except ValueError:
-        raise ShapeError(
-            "operands could not be broadcast together with shapes "
-            + " ".join(str(tuple(s)) for s in shapes)) from None
+    # in Python rather than np.broadcast_shapes, which stops at 32 dimensions
+    out = [1] * max((len(s) for s in shapes), default=0)
+    for s in shapes:
+        for i, d in enumerate(s, len(out) - len(s)):
+            if d != out[i] and out[i] != 1 and d != 1:
+                raise ShapeError("operands could not be broadcast together with shapes "
+                                 + " ".join(str(tuple(s)) for s in shapes))
+            if d != 1:
+                out[i] = d
+    return tuple(out)
 
 
 def _same_dtype(*avals: Aval) -> np.dtype:

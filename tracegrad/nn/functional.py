@@ -72,6 +72,10 @@ def cross_entropy(logits: Any, labels: Any, reduction: str = "mean",
     if tuple(E.shape_of(labels)) != tuple(shape[:-1]):
         raise ValueError(f"cross_entropy: labels of shape {tuple(E.shape_of(labels))} do not "
                          f"match logits of shape {tuple(shape)} (expected {tuple(shape[:-1])})")
+    if isinstance(labels, (np.ndarray, np.generic)):   # traced labels cannot be checked here
+        bad = np.asarray(labels)[(labels < 0) | (labels >= shape[-1])]
+        if bad.size:
+            raise IndexError(f"Target {bad.flat[0]} is out of bounds.")   # PyTorch's wording
     logp = log_softmax.raw(logits, -1)
     classes = E.iota(shape, len(shape) - 1, E.dtype_of(labels))
     onehot = E.equal(classes, E.reshape(labels, tuple(shape[:-1]) + (1,)))

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..ir import emit as E
 from ..ir.builder import Traced
-from ..ir.ops import ShapeError
+from ..ir.ops import ShapeError, broadcast_shapes
 from .dispatch import op
 
 float32 = np.dtype(np.float32)
@@ -20,17 +20,29 @@ int64 = np.dtype(np.int64)
 bool_ = np.dtype(np.bool_)
 
 
+def _holds_traced(xs: Sequence[Any]) -> bool:
+    return builtins.any(isinstance(v, Traced) or (isinstance(v, (list, tuple))
+                                                  and _holds_traced(v)) for v in xs)
+
+
 def _arr(x: Any) -> Any:
     """Traced values stay; lists and scalars become arrays (Python floats as float32)."""
-    if isinstance(x, (Traced, np.ndarray, np.generic)):
+    if isinstance(x, Traced):
         return x
-    if isinstance(x, (bool, int, float)):
+    if isinstance(x, (np.ndarray, np.generic)):
+        arr = x
+    elif isinstance(x, (bool, int, float)):
         return np.asarray(x, E.dtype_of(x))
-    arr = np.asarray(x)
-    if arr.dtype == float64 and not isinstance(x, np.ndarray):
-        arr = arr.astype(float32)
-    if arr.dtype == object:
-        raise TypeError(f"cannot convert {type(x).__name__} to an array")
+    elif isinstance(x, (list, tuple)) and _holds_traced(x):
+        # numpy stacks a list of arrays; so do we when some are traced (a list passed to jit)
+        return stack([_arr(v) for v in x])
+    else:
+        arr = np.asarray(x)
+        if arr.dtype == float64:
+            arr = arr.astype(float32)
+    if arr.dtype.kind in "OcSUVMm":   # object, complex, strings, records, datetimes
+        raise TypeError(f"cannot convert {type(x).__name__} of dtype {arr.dtype} to an array "
+                        "(tracegrad supports bool, integer and float dtypes)")
     return arr
 
 
@@ -269,9 +281,13 @@ def transpose(x: Any, axes: Any = None, *more: Any) -> Any:
         perm = tuple(reversed(range(ndim)))
     elif more:   # torch style transpose(x, dim0, dim1)
         perm = list(range(ndim))
-        a, b = axes % ndim, more[0] % ndim
+        a, b = _axes(x, axes)[0], _axes(x, more[0])[0]
         perm[a], perm[b] = perm[b], perm[a]
     else:
+        axes = tuple(axes)
+        if len(axes) != ndim or not builtins.all(-ndim <= a < ndim for a in axes):
+            raise ShapeError(f"transpose: axes {axes} don't match an array of shape "
+                             f"{tuple(E.shape_of(x))}")
         perm = tuple(a % ndim for a in axes)
     return E.transpose(x, perm)
 
@@ -355,8 +371,8 @@ def matmul(a: Any, b: Any) -> Any:
     if len(sa) == 0 or len(sb) == 0:
         raise ShapeError(f"matmul: operands must be at least 1-d, got shapes {sa} and {sb}")
     if len(sa) > 2 or len(sb) > 2:
-        batch = np.broadcast_shapes(sa[:-2] if len(sa) > 1 else (),
-                                    sb[:-2] if len(sb) > 1 else ())
+        batch = broadcast_shapes(sa[:-2] if len(sa) > 1 else (),
+                                 sb[:-2] if len(sb) > 1 else ())
         if len(sa) >= 2:
             a = E.broadcast_to(a, batch + tuple(sa[-2:]))
         else:

@@ -45,8 +45,9 @@ def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
         value = np.array(data)
         if value.dtype == np.float64 and not isinstance(data, (np.ndarray, np.generic)):
             value = value.astype(float32)
-        if value.dtype == object:
-            raise TypeError(f"tg.tensor: cannot convert {type(data).__name__} to a Tensor")
+        if value.dtype.kind in "OcSUVMm":   # object, complex, strings, records, datetimes
+            raise TypeError(f"tg.tensor: cannot convert {type(data).__name__} of dtype "
+                            f"{value.dtype} to a Tensor")
     if dtype is not None:
         value = value.astype(np.dtype(dtype))
     return _leaf(value, requires_grad)
