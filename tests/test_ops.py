@@ -439,7 +439,8 @@ def test_custom_vjp_call_forward():
     (np.ones(2, I32), 1.5, F32), (np.ones(2, F64), 1.5, F64), (np.ones(2, F32),
                                                                 np.ones(2, F64), F64),
     (np.ones(2, B), 1, I64), (np.ones(2, I32), np.ones(2, I64), I64), (1.5, 2, F32),
-    (np.ones(2, F32), np.float64(2.0), F64),
+    (np.ones(2, F32), np.float64(2.0), F32),   # numpy float scalars are weak (as in torch)
+    (np.float64(1.0), np.float64(2.0), F64), (np.ones(2, F32), np.ones((), F64), F64),
 ], ids=str)
 def test_promotion(x, y, want):
     assert tg.add(x, y).dtype == want

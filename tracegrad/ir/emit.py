@@ -38,6 +38,10 @@ def _weak(x: Any) -> Any:
     as one (weakly typed, as in JAX), else None."""
     if isinstance(x, _WEAK) and not isinstance(x, np.generic):
         return x
+    if isinstance(x, np.generic) and x.dtype.kind == "f":
+        # numpy scalars as operands (`x / np.sqrt(d)`) are weak too, as PyTorch treats them:
+        # they never promote a float32 array to float64
+        return x.item()
     if isinstance(x, Traced) and getattr(x.atom, "id", None) in x.builder.weak_inputs:
         return {"f": 0.0, "i": 0, "b": False}.get(x.dtype.kind)
     return None
@@ -47,6 +51,8 @@ def result_dtype(*xs: Any) -> np.dtype:
     weak_of = [_weak(x) for x in xs]
     weak = [w for w in weak_of if w is not None]
     strong = [dtype_of(x) for x, w in zip(xs, weak_of) if w is None]
+    if not strong:   # numpy scalars among themselves keep numpy's rules
+        strong = [x.dtype for x in xs if isinstance(x, np.generic) and x.dtype.kind == "f"]
     if not strong:
         if any(isinstance(w, float) for w in weak):
             return float32
