@@ -280,3 +280,14 @@ def test_tensor_constructor_and_backward(kind, requires_grad):
             loss.backward()
             want = 2 * (1 - np.tanh(np.asarray(x, t.dtype)) ** 2)
             np.testing.assert_allclose(t.grad.numpy(), want, rtol=1e-5, equal_nan=True)
+
+
+def test_transpose_checks_axes_like_numpy():
+    # out-of-range axes used to wrap around (modulo) and too few axes were accepted
+    a = np.ones((2, 3))
+    for axes in [(0,), (3, 0), (), (0, 1, 2)]:
+        with pytest.raises(ValueError, match="transpose"):
+            tg.transpose(a, axes)
+    with pytest.raises(ValueError):
+        tg.transpose(np.float64(1.0), 0, 1)   # used to raise ZeroDivisionError
+    assert tg.transpose(a, (-1, -2)).shape == (3, 2)
