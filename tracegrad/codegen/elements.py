@@ -205,6 +205,8 @@ class ElementReader:
             if n:
                 parts.append((off, n, x))
             off += n
+        if not parts:   # every input is empty, so is the result: the loop never runs
+            return const(v.aval.dtype, 0)
         result = None
         for off, n, x in reversed(parts):
             local = self.clamp(b.sub(idx[axis], self.c(off)), n - 1)

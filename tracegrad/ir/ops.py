@@ -178,6 +178,9 @@ def _take(x: Aval, idx: Aval, *, axis: int) -> Aval:
         raise DTypeError(f"indices must be integers, got {idx.dtype}")
     if not 0 <= axis < x.ndim:
         raise ShapeError(f"axis {axis} out of range for shape {x.shape}")
+    if x.shape[axis] == 0 and idx.size:   # no element to take, nor one to clamp to
+        raise IndexError(f"cannot take indices of shape {idx.shape} from the empty axis "
+                         f"{axis} of shape {x.shape}")
     return Aval(x.shape[:axis] + idx.shape + x.shape[axis + 1:], x.dtype)
 
 
