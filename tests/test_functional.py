@@ -229,3 +229,20 @@ def test_jit_and_transforms_compose_with_functional():
     g = tg.grad(loss)(w, x, LABELS)
     np.testing.assert_allclose(tg.jit(tg.grad(loss))(w, x, LABELS), g, rtol=1e-12)
     check_grads(lambda w: loss(w, x, LABELS), [w])
+
+
+def test_relu_propagates_nan_and_has_zero_gradient_at_zero():
+    x = np.array([np.nan, 0.0, 1.0, -1.0], np.float32)
+    for fn in (tg.relu, tg.jit(tg.relu)):
+        out = fn(x)
+        assert np.isnan(out[0]) and list(out[1:]) == [0.0, 1.0, 0.0]
+    g = tg.grad(lambda v: tg.sum(tg.relu(v)))(np.array([0.0, 2.0, -2.0], np.float32))
+    assert list(g) == [0.0, 1.0, 0.0]
+
+
+def test_cross_entropy_accepts_dim():
+    logits = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    labels = np.array([0, 2, 1, 2], np.int64)
+    want = tg.nn.functional.cross_entropy(logits.T, labels, axis=-1)
+    np.testing.assert_allclose(tg.nn.functional.cross_entropy(logits, labels, dim=0), want,
+                               rtol=1e-6)

@@ -343,3 +343,16 @@ def test_python_scalar_arguments_stay_weakly_typed():
     # numpy scalars and arrays are strongly typed
     assert tg.jit(lambda x, n: x * n)(x32, np.float64(3)).dtype == np.float64
     assert tg.jit(lambda x, n: x * n)(x32, np.array(3, np.int64)).dtype == np.float64
+
+
+def test_keyword_arguments_are_traced_not_differentiated():
+    def f(x, scale=1.0):
+        return tg.sum(x * x) * scale
+    x = np.ones(3, np.float32)
+    jf = tg.jit(f)
+    assert jf(x, scale=3.0) == 9.0 and jf(x, scale=5.0) == 15.0 and jf(x) == 3.0
+    np.testing.assert_allclose(tg.grad(f)(x, scale=3.0), 6 * x)
+    value, g = tg.value_and_grad(f, argnums=-1)(x, scale=2.0)
+    assert value == 6.0
+    np.testing.assert_allclose(g, 4 * x)
+    np.testing.assert_allclose(tg.jit(tg.grad(f))(x, scale=0.5), x)

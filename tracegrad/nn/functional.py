@@ -57,8 +57,9 @@ def softmax(x: Any, axis: int = -1, dim: int | None = None) -> Any:
 
 @op("NllLoss")
 def cross_entropy(logits: Any, labels: Any, reduction: str = "mean",
-                  axis: int = -1) -> Any:
+                  axis: int = -1, dim: int | None = None) -> Any:
     """Softmax cross-entropy of `logits` [..., C] against integer class `labels` [...]."""
+    axis = _axis(axis, dim)
     logits = E.to_float(tnp._arr(logits))
     labels = tnp._arr(labels)
     ndim = len(E.shape_of(logits))

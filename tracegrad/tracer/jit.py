@@ -82,6 +82,7 @@ class Jitted:
         self.cache: dict[Any, _Entry] = {}
         self._last_key: Any = None
         self._fast: dict[Any, _Entry] = {}
+        self._by_keywords: dict[Any, Jitted] = {}
         # updated=(): copying f.__dict__ would let a callable object's attributes
         # (a `cache`, an `f`) overwrite ours
         functools.update_wrapper(self, f, updated=())
@@ -105,7 +106,9 @@ class Jitted:
                             + ", ".join(type(s).__name__ for s in svals)) from None
         return (tree, tuple(_leaf_key(x) for x in leaves), tuple(svals))
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            return self._call_with_keywords(args, kwargs)
         # Fast path: positional numpy arrays only, outside any trace: the key is their types.
         if not self.static and current_builder() is None:
             try:
@@ -128,6 +131,16 @@ class Jitted:
         vals = [leaf_value(x, f"argument leaf {i}") for i, x in enumerate(leaves)]
         outs = entry.run(vals)
         return tree_unflatten(entry.out_tree, outs)
+
+    def _call_with_keywords(self, args: tuple, kwargs: dict) -> Any:
+        """Keyword arguments are traced like trailing positional ones (one cache per names)."""
+        from .transforms import _positional
+        keys = tuple(kwargs)
+        inner = self._by_keywords.get((len(args), keys))
+        if inner is None:
+            inner = Jitted(_positional(self.f, len(args), keys), self.static, self.donate)
+            self._by_keywords[(len(args), keys)] = inner
+        return inner(*args, *kwargs.values())
 
     def _compile(self, args: tuple, key: Any) -> _Entry:
         t0 = time.perf_counter()

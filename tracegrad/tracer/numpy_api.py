@@ -132,7 +132,8 @@ logical_or = _binary(E.logical_or, "LogicalOr")
 @op("Relu")
 def relu(x: Any) -> Any:
     x = _arr(x)
-    return E.where(E.greater(x, 0), x, 0)   # relu'(0) = 0, as PyTorch
+    # relu'(0) = 0 as in PyTorch, and NaN stays NaN (the comparison is false for it)
+    return E.where(E.less_equal(x, 0), 0, x)
 
 
 @op("Square")

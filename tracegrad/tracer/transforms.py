@@ -59,14 +59,26 @@ def _run(graph: ir.Graph, captured: list, leaves: list) -> list[Any]:
     return call_graph(ir.optimize(graph), list(leaves) + list(captured))
 
 
+def _positional(f: Callable, n: int, keys: tuple[str, ...]) -> Callable:
+    """`f` taking its keyword arguments `keys` as positional arguments after the first `n`."""
+    def g(*a: Any) -> Any:
+        return f(*a[:n], **dict(zip(keys, a[n:])))
+    g.__name__ = getattr(f, "__name__", "f")
+    return g
+
+
 def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
                    has_aux: bool = False) -> Callable:
     """`(value, grad)` of a scalar function; grad is for the args named by `argnums`."""
     fname = getattr(f, "__name__", "f")
 
     @functools.wraps(f)
-    def vg(*args: Any) -> Any:
+    def vg(*args: Any, **kwargs: Any) -> Any:
         nums = _argnums(argnums, len(args), "grad")
+        if kwargs:   # keyword arguments are traced like positional ones, never differentiated
+            return value_and_grad(_positional(f, len(args), tuple(kwargs)),
+                                  nums[0] if isinstance(argnums, int) else nums,
+                                  has_aux)(*args, *kwargs.values())
         static = _static_ints(args, nums)
         ranges = _leaf_ranges(args, static)
         wrt = [i for n in nums for i in ranges[n]]
@@ -111,8 +123,8 @@ def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -
     vg = value_and_grad(f, argnums, has_aux)
 
     @functools.wraps(f)
-    def g(*args: Any) -> Any:
-        value, grads = vg(*args)
+    def g(*args: Any, **kwargs: Any) -> Any:
+        value, grads = vg(*args, **kwargs)
         return (grads, value[1]) if has_aux else grads
     return g
 
