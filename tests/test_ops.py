@@ -383,11 +383,23 @@ def test_references_structural():
                                                              n_res=1, bwd=None)[0], x + 2)
 
 
-def test_reference_take_rejects_out_of_bounds():
-    with pytest.raises(IndexError):
-        OPS["take"].ref(np.arange(3.0), np.array([3]), axis=0)
+def test_take_out_of_bounds():
+    # concrete indices are checked by the front end, as numpy does
     with pytest.raises(IndexError):
         tg.take(np.arange(3.0), np.array([-4]))
+    with pytest.raises(IndexError):
+        tg.take(np.arange(3.0), np.array([3]))
+    # traced indices: wrap once, then clamp -- the same in the interpreter and compiled code,
+    # forward and backward (the gradient lands where the forward read)
+    f = tg.value_and_grad(lambda x, i: tg.sum(tg.take(x, i, axis=0) * np.arange(1.0, 5.0)))
+    x, i = np.arange(5.0), np.array([0, 7, -1, -9])
+    graph = tg.ir.optimize(tg.make_ir(f)(x, i))
+    want = tg.ir.interpret(graph, [x, i])
+    np.testing.assert_array_equal(want[0], 0 * 1 + 4 * 2 + 4 * 3 + 0 * 4)
+    np.testing.assert_array_equal(want[1], [1 + 4, 0, 0, 0, 2 + 3])
+    from tracegrad.runtime import compile_graph
+    for got, w in zip(compile_graph(graph)([x, i]), want):
+        np.testing.assert_array_equal(got, w)
 
 
 def test_integer_division_by_zero_does_not_crash():

@@ -193,8 +193,8 @@ def _blas(k: Kernel, group: Group, ta: bool, tb: bool, pa, pb, pc,
 
 
 def emit_scatter_add(k: Kernel, group: Group) -> None:
-    """out = zeros; out[pre, idx[mid], post] += g[pre, mid, post]. Out-of-range indices (after
-    numpy's negative wrap) are skipped, so native code never writes outside the buffer."""
+    """out = zeros; out[pre, idx[mid], post] += g[pre, mid, post]. Indices wrap once if negative
+    and are then clamped (as take reads them); a zero-size axis writes nothing."""
     b = k.b
     e = group.eqns[0]
     g, ind = e.inputs
@@ -213,6 +213,9 @@ def emit_scatter_add(k: Kernel, group: Group) -> None:
             if j.type != I64:
                 j = b.sext(j, I64)
             j = b.select(b.icmp_signed("<", j, i64(0)), b.add(j, i64(size)), j)
+            # clamp like take does, so the gradient lands where the forward read
+            j = b.select(b.icmp_signed("<", j, i64(0)), i64(0), j)
+            j = b.select(b.icmp_signed(">", j, i64(size - 1)), i64(max(size - 1, 0)), j)
             ok = b.icmp_unsigned("<", j, i64(size))
             fn = b.block.function
             yes, done = fn.append_basic_block("in"), fn.append_basic_block("skip")

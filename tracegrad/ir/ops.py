@@ -306,11 +306,16 @@ def _ref_pad_slice(g, *, shape, index):
     return out
 
 
+def clip_index(idx: np.ndarray, n: int) -> np.ndarray:
+    """take/scatter_add index semantics: negatives wrap once, then clamp into [0, n-1] (JAX's
+    "clip" mode). Values cannot raise inside compiled code, so both passes and both backends
+    agree on this; the `tg` front end raises IndexError for out-of-range concrete indices."""
+    idx = np.where(idx < 0, idx + n, idx)
+    return np.clip(idx, 0, max(n - 1, 0))
+
+
 def _ref_take(x, idx, *, axis):
-    n = x.shape[axis]
-    if idx.size and (idx.min() < -n or idx.max() >= n):
-        raise IndexError(f"take: index out of bounds for axis {axis} with size {n}")
-    return np.take(x, idx, axis=axis)
+    return np.take(x, clip_index(idx, x.shape[axis]), axis=axis)
 
 
 def _ref_scatter_add(g, idx, *, axis, size):
@@ -318,7 +323,8 @@ def _ref_scatter_add(g, idx, *, axis, size):
     out = np.zeros(shape, g.dtype)
     moved = np.moveaxis(out, axis, 0)
     gm = np.moveaxis(g.reshape(g.shape[:axis] + (-1,) + g.shape[axis + idx.ndim:]), axis, 0)
-    np.add.at(moved, idx.reshape(-1), gm)
+    if size:
+        np.add.at(moved, clip_index(idx.reshape(-1), size), gm)
     return out
 
 

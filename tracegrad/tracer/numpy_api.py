@@ -360,7 +360,14 @@ def take(x: Any, indices: Any, axis: int | None = None) -> Any:
     if axis is None:
         x = E.reshape(x, (E.size_of(E.shape_of(x)),))
         axis = 0
-    return E.take(x, idx, axis % builtins.max(len(E.shape_of(x)), 1))
+    axis = axis % builtins.max(len(E.shape_of(x)), 1)
+    if isinstance(idx, (np.ndarray, np.generic)) and np.size(idx):
+        n = E.shape_of(x)[axis]
+        bad = idx[(idx < -n) | (idx >= n)]
+        if bad.size and n:   # (an empty axis gets the shape rule's own error)
+            raise IndexError(f"take: index {bad.flat[0]} is out of bounds for axis {axis} with "
+                             f"size {n}")
+    return E.take(x, idx, axis)
 
 
 # ---- linear algebra ----------------------------------------------------------------------------
