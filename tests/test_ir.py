@@ -74,13 +74,10 @@ def test_dump_of_a_gradient():
     assert text == golden("""
         { lambda a:f32[3] .
             b:f32[3] = sin a
-            c:f32[3] = broadcast[shape=(3,)] 1.0:f32[]
-            d:f32[3] = mul c a
-            e:f32[3] = mul c b
-            f:f32[3] = cos a
-            g:f32[3] = mul d f
-            h:f32[3] = add e g
-          in (h) }
+            c:f32[3] = cos a
+            d:f32[3] = mul a c
+            e:f32[3] = add b d
+          in (e) }
     """)
     # the dump is what the graph computes
     graph = tg.make_ir(tg.grad(f))(f32(3))
@@ -357,3 +354,13 @@ def test_hash_sees_shapes_dtypes_literals_and_constants():
 def test_bind_evaluates_eagerly_without_a_builder():
     out = bind("add", np.ones(2, np.float32), np.ones(2, np.float32))
     assert isinstance(out, np.ndarray) and out.tolist() == [2.0, 2.0]
+
+
+def test_simplify_folds_unit_seeds_and_literal_selects():
+    def fn(x):
+        one = E.broadcast_to(1.0, (3,))
+        return E.add(E.mul(one, x), E.where(True, x, 0.0))
+    g = _build(fn, Aval((3,), np.dtype(np.float32)))
+    simple = ir.dce(ir.simplify(g))
+    assert _ops(simple) == ["add"]
+    _same_results(g, simple, [np.array([1.0, -2.0, 3.0], np.float32)])

@@ -104,7 +104,17 @@ def _is_lit(a: Atom, value: float) -> bool:
 
 
 _MAYBE_IDENTITY = {"reshape", "broadcast", "convert", "stop_gradient_", "transpose", "mul",
-                   "add", "div", "pow", "sub", "neg"}
+                   "add", "div", "pow", "sub", "neg", "select"}
+
+
+def _is_unit(a: Atom, value: float, producers: dict[int, Eqn]) -> bool:
+    """`a` is the literal `value`, or a broadcast of it (as gradient seeds are)."""
+    if isinstance(a, Var):
+        p = producers.get(a.id)
+        if p is None or p.op != "broadcast":
+            return False
+        a = p.inputs[0]
+    return _is_lit(a, value)
 
 
 def _identity_input(e: Eqn, producers: dict[int, Eqn]) -> Atom | None:
@@ -121,8 +131,11 @@ def _identity_input(e: Eqn, producers: dict[int, Eqn]) -> Atom | None:
     if e.op in ("mul", "add"):
         unit = 1 if e.op == "mul" else 0
         for a, b in ((ins[0], ins[1]), (ins[1], ins[0])):
-            if _is_lit(b, unit) and a.aval == out.aval:
+            if a.aval == out.aval and _is_unit(b, unit, producers):
                 return a
+    if e.op == "select" and isinstance(ins[0], Lit):
+        chosen = ins[1] if ins[0].value.item() else ins[2]
+        return chosen if chosen.aval == out.aval else None
     if e.op in ("div", "pow") and _is_lit(ins[1], 1) and ins[0].aval == out.aval:
         return ins[0]
     if e.op == "sub" and _is_lit(ins[1], 0) and ins[0].aval == out.aval:

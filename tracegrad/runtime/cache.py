@@ -36,14 +36,17 @@ MAGIC = b"TGOBJ001"
 
 @functools.cache
 def backend_revision() -> str:
-    """A digest of the code generator's source: editing it invalidates cached object code."""
+    """A digest of the code generator's and the runtime's source (the pass pipeline, the BLAS
+    binding) and of llvmlite's version: editing any of them invalidates cached object code."""
+    import llvmlite
+
     from .. import codegen
-    h = hashlib.sha256()
-    folder = os.path.dirname(codegen.__file__)
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".py"):
-            with open(os.path.join(folder, name), "rb") as f:
-                h.update(name.encode() + f.read())
+    h = hashlib.sha256(llvmlite.__version__.encode())
+    for folder in (os.path.dirname(codegen.__file__), os.path.dirname(__file__)):
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), "rb") as f:
+                    h.update(name.encode() + f.read())
     return h.hexdigest()[:16]
 
 
