@@ -141,7 +141,7 @@ def _long_graph(n_eqns: int) -> float:
     np.testing.assert_allclose(value, _numpy_chain(steps, x).sum(), rtol=1e-9)
     eps = 1e-6
     fd = (_numpy_chain(steps, x + eps).sum() - _numpy_chain(steps, x - eps).sum()) / (2 * eps)
-    np.testing.assert_allclose(grad.sum(), fd, rtol=1e-5)
+    np.testing.assert_allclose(grad.sum(), fd, rtol=1e-5, atol=1e-9)
     return elapsed
 
 
