@@ -216,13 +216,29 @@ def _cast(dtype: Any) -> Any:
     return lambda self: _to(self, dtype)
 
 
+def _marks_view(method: Any) -> Any:
+    """Results of view-like ops are marked: tracegrad's views are values, not aliases of their
+    base's storage, so an in-place op on one could not reach the base (see _check_inplace)."""
+    def m(self: Tensor, *args: Any, **kwargs: Any) -> Any:
+        out = method(self, *args, **kwargs)
+        if isinstance(out, Tensor):
+            out._extra()["view"] = True
+        return out
+    return m
+
+
+_reshape, _transpose, _permute, _t, _flatten, _expand = map(
+    _marks_view, (_reshape, _transpose, _permute, _t, _flatten, _expand))
+for _n in ("unsqueeze", "squeeze"):
+    setattr(Tensor, _n, _marks_view(getattr(Tensor, _n)))
+
 Tensor.reshape = _reshape
 Tensor.view = _reshape
 Tensor.transpose = _transpose
 Tensor.swapaxes = _transpose
 Tensor.permute = _permute
 Tensor.t = _t
-Tensor.T = property(lambda self: record(_r(tnp.transpose), "Permute", (self,), {}))
+Tensor.T = property(_marks_view(lambda self: record(_r(tnp.transpose), "Permute", (self,), {})))
 Tensor.mT = property(lambda self: _transpose(self, -2, -1))
 Tensor.flatten = _flatten
 Tensor.expand = _expand
@@ -261,9 +277,18 @@ def _getitem(self: Tensor, index: Any) -> Tensor:
     return record(_r(getitem), "Index", (self, index), {}, keep_arrays=True)
 
 
+_getitem = _marks_view(_getitem)
+
+
 # ---- in-place ------------------------------------------------------------------------------------
 
 def _check_inplace(self: Tensor) -> None:
+    if self._get("view"):
+        raise RuntimeError(
+            "in-place operation on a view (the result of view/reshape/transpose/indexing/"
+            "expand): tracegrad's views do not share storage with their base tensor, so the "
+            "change would not reach it. Assign through the base instead (base[index] = value) "
+            "or .clone() the view first.")
     if mode.grad and self._fn is None and self._rg:
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
                            "operation.")
