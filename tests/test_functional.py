@@ -130,12 +130,14 @@ def test_dropout_gradient_is_the_mask():
     check_grads(lambda x: F.dropout(x, 0.4, True, seed=11), [x])
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: under jit, dropout's seed is drawn at "
-                   "trace time and baked into the cached graph, so every call reuses the mask")
-def test_dropout_under_jit_draws_a_new_mask_per_call():
-    f = tg.jit(lambda x: F.dropout(x, 0.5, True))
+def test_dropout_under_jit_needs_a_traced_seed():
+    # a seed drawn at trace time would be baked into the cached graph (one mask forever)
+    with pytest.raises(ValueError, match="needs seed="):
+        tg.jit(lambda x: F.dropout(x, 0.5, True))(np.ones(4, np.float32))
+    f = tg.jit(lambda x, s: F.dropout(x, 0.5, True, seed=s))
     x = np.ones(64, np.float32)
-    assert not np.array_equal(f(x), f(x))
+    assert not np.array_equal(f(x, np.int64(1)), f(x, np.int64(2)))
+    np.testing.assert_array_equal(f(x, np.int64(1)), f(x, np.int64(1)))
 
 
 # ---- gradients ---------------------------------------------------------------------------------
