@@ -115,3 +115,21 @@ def interpreter_only():
     tg.config.disable_jit = True
     yield
     tg.config.disable_jit = old
+
+
+@pytest.fixture(scope="module")
+def no_disk_cache():
+    """Compile for real in this module: no object code from the on-disk cache."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TRACEGRAD_DISK_CACHE", "0")
+    yield
+    mp.undo()
+
+
+def build_graph(fn: Callable, *avals: tuple) -> tg.ir.Graph:
+    """The graph of `fn` on fresh inputs of the given (shape, dtype) pairs."""
+    b = tg.ir.Builder()
+    xs = [b.new_input(tg.ir.Aval(tuple(s), np.dtype(d))) for s, d in avals]
+    with b.active():
+        out = fn(*xs)
+    return b.build(list(out) if isinstance(out, (list, tuple)) else [out])

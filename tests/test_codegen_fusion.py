@@ -5,26 +5,15 @@ import pytest
 
 from tracegrad import ir, runtime
 from tracegrad.codegen import lower_graph, plan_graph
+from conftest import build_graph
 from tracegrad.ir import emit as E
 
 F32, F64, I64 = np.dtype("float32"), np.dtype("float64"), np.dtype("int64")
 RNG = np.random.default_rng(1)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _no_disk_cache():
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TRACEGRAD_DISK_CACHE", "0")
-    yield
-    mp.undo()
-
-
-def build(fn, *avals):
-    b = ir.Builder()
-    xs = [b.new_input(ir.Aval(tuple(s), np.dtype(d))) for s, d in avals]
-    with b.active():
-        out = fn(*xs)
-    return b.build(list(out) if isinstance(out, (list, tuple)) else [out])
+pytestmark = pytest.mark.usefixtures("no_disk_cache")
+build = build_graph
 
 
 def check(graph, args, rtol=1e-5, atol=1e-5):

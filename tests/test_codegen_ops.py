@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from tracegrad import ir, runtime
+from conftest import build_graph
 from tracegrad.ir import emit as E
 
 F32, F64, I32, I64, BOOL = (np.dtype(t) for t in ("float32", "float64", "int32", "int64",
@@ -11,20 +12,8 @@ F32, F64, I32, I64, BOOL = (np.dtype(t) for t in ("float32", "float64", "int32",
 RNG = np.random.default_rng(0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _no_disk_cache():
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TRACEGRAD_DISK_CACHE", "0")
-    yield
-    mp.undo()
-
-
-def build(fn, *avals):
-    b = ir.Builder()
-    xs = [b.new_input(ir.Aval(tuple(s), np.dtype(d))) for s, d in avals]
-    with b.active():
-        out = fn(*xs)
-    return b.build(list(out) if isinstance(out, (list, tuple)) else [out])
+pytestmark = pytest.mark.usefixtures("no_disk_cache")
+build = build_graph
 
 
 def rand(shape, dtype):
