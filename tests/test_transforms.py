@@ -356,3 +356,17 @@ def test_keyword_arguments_are_traced_not_differentiated():
     assert value == 6.0
     np.testing.assert_allclose(g, 4 * x)
     np.testing.assert_allclose(tg.jit(tg.grad(f))(x, scale=0.5), x)
+
+
+def test_jit_rebuilds_output_trees_of_every_kind():
+    from tracegrad.tracer.pytree import tree_flatten, unflattener
+    for tree in [(1, (2, 3)), [1, None, {"a": 2, "b": (3,)}], {"x": [1, 2]}, 5, (), [],
+                 None, ((1,),), {(1, 2): 3}]:
+        leaves, td = tree_flatten(tree)
+        assert unflattener(td)(leaves) == tree
+    f = tg.jit(lambda x: {"s": tg.sum(x), "parts": [x * 2, None, (x + 1,)]})
+    x = np.arange(3.0, dtype=np.float32)
+    for _ in range(2):   # the second call takes the cached fast path
+        out = f(x)
+        assert out["s"] == 3.0 and out["parts"][1] is None
+        np.testing.assert_array_equal(out["parts"][2][0], x + 1)

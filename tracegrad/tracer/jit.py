@@ -12,7 +12,7 @@ import numpy as np
 from .. import ir
 from ..config import config
 from .executor import compile_graph
-from .pytree import TreeDef, tree_flatten, tree_unflatten
+from .pytree import TreeDef, tree_flatten, unflattener
 from ..ir.builder import current_builder
 from .trace import leaf_value, trace, tracing
 
@@ -24,6 +24,9 @@ class _Entry:
     graph: ir.Graph
     out_tree: TreeDef
     run: Callable
+
+    def __post_init__(self) -> None:
+        self.unflatten = unflattener(self.out_tree)
 
 
 def _leaf_key(x: Any) -> Any:
@@ -118,7 +121,7 @@ class Jitted:
             if fast is not None and len(fast) == len(args):
                 entry = self._fast.get(fast)
                 if entry is not None:
-                    return tree_unflatten(entry.out_tree, entry.run(args))
+                    return entry.unflatten(entry.run(args))
         leaves, svals, tree = self._split(args)
         if tracing([x for x in leaves]):
             return self.f(*args)     # inside another transform: trace through
@@ -130,7 +133,7 @@ class Jitted:
                 self._fast[tuple((a.shape, a.dtype) for a in args)] = entry
         vals = [leaf_value(x, f"argument leaf {i}") for i, x in enumerate(leaves)]
         outs = entry.run(vals)
-        return tree_unflatten(entry.out_tree, outs)
+        return entry.unflatten(outs)
 
     def _call_with_keywords(self, args: tuple, kwargs: dict) -> Any:
         """Keyword arguments are traced like trailing positional ones (one cache per names)."""

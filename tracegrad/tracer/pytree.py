@@ -95,3 +95,30 @@ def tree_leaves(tree: Any) -> list[Any]:
 def register_pytree_node(t: type, flatten: Callable, unflatten: Callable) -> None:
     """flatten(x) -> (children, meta); unflatten(children, meta) -> x."""
     NODE_TYPES[t] = (flatten, unflatten)
+
+
+def _expr(td: TreeDef, counter: list[int]) -> str | None:
+    if td.kind == "leaf":
+        counter[0] += 1
+        return f"o[{counter[0] - 1}]"
+    if td.kind == "none":
+        return "None"
+    parts = [_expr(c, counter) for c in td.children]
+    if any(p is None for p in parts):
+        return None
+    if td.kind == "tuple":
+        return "(" + "".join(p + ", " for p in parts) + ")"
+    if td.kind == "list":
+        return "[" + ", ".join(parts) + "]"
+    if td.kind == "dict" and all(type(k) in (str, int) for k in td.meta):
+        return "{" + ", ".join(f"{k!r}: {p}" for k, p in zip(td.meta, parts)) + "}"
+    return None
+
+
+def unflattener(treedef: TreeDef) -> Callable[[list[Any]], Any]:
+    """A function rebuilding the tree from its leaves, specialised to `treedef`: the hot path
+    of a cached jit call rebuilds its outputs without walking the TreeDef."""
+    expr = _expr(treedef, [0])
+    if expr is None:
+        return lambda leaves: tree_unflatten(treedef, leaves)
+    return eval(f"lambda o: {expr}")  # noqa: S307 - built from the TreeDef only
