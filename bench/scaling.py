@@ -77,17 +77,7 @@ def mlp_series() -> dict[str, list[float]]:
     if jax is not None:
         jnp = jax.numpy
 
-        def jloss(params, x, y):
-            h = x
-            for i in range(0, len(params) - 2, 2):
-                h = jnp.tanh(h @ params[i] + params[i + 1])
-            logp = jax.nn.log_softmax(h @ params[-2] + params[-1])
-            return -jnp.mean(jnp.take_along_axis(logp, y[:, None], 1))
-
-        @jax.jit
-        def jstep(params, x, y):
-            value, grads = jax.value_and_grad(jloss)(params, x, y)
-            return value, [p - wl_mlp.LR * g for p, g in zip(params, grads)]
+        jstep = wl_mlp.jax_step(jax)
         jp = [jnp.asarray(p) for p in params]
     for batch in MLP_BATCHES:
         x, y = wl_mlp.data(batch)

@@ -8,8 +8,6 @@ and reuses the code once the graph has been seen.
 """
 from __future__ import annotations
 
-import argparse
-import os
 import time
 from typing import Any
 
@@ -17,22 +15,12 @@ import numpy as np
 
 import tracegrad as tg
 import tracegrad.nn.functional as F
-from train_digits_mlp import load_digits, make_model, plot_losses, progress
+from train_digits_mlp import load_digits, make_model, parse_args, plot_losses, progress
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--steps", type=int, default=int(os.environ.get("TRACEGRAD_EXAMPLE_STEPS",
-                                                                     0)),
-                   help="stop after this many steps (0: run all epochs)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--plot", default="digits_eager_loss.png", help="loss-curve PNG ('' for none)")
-    p.add_argument("--save", default="", help="write model and optimizer state here (.npz)")
-    p.add_argument("--quiet", action="store_true")
-    args = p.parse_args(argv)
+    args = parse_args(argv, __doc__, "digits_eager_loss.png",
+                      "write model and optimizer state here (.npz)")
 
     tg.manual_seed(args.seed)
     x_train, y_train, x_test, y_test = load_digits(args.seed)

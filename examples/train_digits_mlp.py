@@ -75,8 +75,9 @@ def plot_losses(losses: list[float], path: str) -> str | None:
     return path
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None, doc: str, plot: str, save_help: str) -> Any:
+    """The command line both digits examples share."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--steps", type=int, default=int(os.environ.get("TRACEGRAD_EXAMPLE_STEPS",
                                                                      0)),
@@ -84,10 +85,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--plot", default="digits_mlp_loss.png", help="loss-curve PNG ('' for none)")
-    p.add_argument("--save", default="", help="write the trained state_dict here (.npz)")
+    p.add_argument("--plot", default=plot, help="loss-curve PNG ('' for none)")
+    p.add_argument("--save", default="", help=save_help)
     p.add_argument("--quiet", action="store_true")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv, __doc__, "digits_mlp_loss.png",
+                      "write the trained state_dict here (.npz)")
 
     tg.manual_seed(args.seed)
     x_train, y_train, x_test, y_test = load_digits(args.seed)

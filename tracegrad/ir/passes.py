@@ -103,7 +103,9 @@ def _is_lit(a: Atom, value: float) -> bool:
     return isinstance(a, Lit) and a.value.item() == value
 
 
-_MAYBE_IDENTITY = {"reshape", "broadcast", "convert", "stop_gradient_", "transpose", "mul",
+# stop_gradient is never an identity here: graphs are optimised before an outer transform may
+# differentiate them, and removing it would let gradients through.
+_MAYBE_IDENTITY = {"reshape", "broadcast", "convert", "transpose", "mul",
                    "add", "div", "pow", "sub", "neg", "select"}
 
 
@@ -124,7 +126,7 @@ def _identity_input(e: Eqn, producers: dict[int, Eqn]) -> Atom | None:
         return None
     out = e.out
     ins = e.inputs
-    if op in ("reshape", "broadcast", "convert", "stop_gradient_") and ins[0].aval == out.aval:
+    if op in ("reshape", "broadcast", "convert") and ins[0].aval == out.aval:
         return ins[0]
     if e.op == "transpose" and e.params["perm"] == tuple(range(len(out.aval.shape))):
         return ins[0]

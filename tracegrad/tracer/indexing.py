@@ -7,7 +7,6 @@ import numpy as np
 
 from ..ir import emit as E
 from ..ir.builder import Traced
-from ..ir.ops import ShapeError
 from .dispatch import op
 
 
@@ -95,8 +94,3 @@ def getitem(x: Any, index: Any) -> Any:
             idx = np.where(idx < 0, idx + n, idx)
         y = E.take(y, idx, axis)
     return y
-
-
-def index_shape_check(x_shape: tuple, index: Any) -> None:
-    if not x_shape and index not in ((), Ellipsis):
-        raise ShapeError("cannot index a 0-d value")
