@@ -3,7 +3,7 @@ from .autodiff import backward_pass, forward_pass, jvp_graph, vjp_graph
 from .builder import Builder, Traced, TracingError, bind, current_builder, user_source
 from .core import Atom, Aval, Eqn, Graph, Lit, Var, aval_of, is_float, short_dtype
 from .hashing import structural_hash
-from .interpret import interpret
+from .interpret import Program, interpret, program
 from .ops import OPS, DTypeError, OpDef, ShapeError
 from .passes import cse, dce, fold_constants, optimize, simplify
 from .printer import format_graph, graph_to_dot
@@ -14,6 +14,6 @@ __all__ = [
     "Atom", "Aval", "Builder", "DTypeError", "Eqn", "Graph", "IRError", "JVP", "Lit", "OPS",
     "OpDef", "ShapeError", "Traced", "TracingError", "VJP", "Var", "aval_of", "backward_pass",
     "bind", "cse", "current_builder", "dce", "fold_constants", "format_graph", "forward_pass",
-    "graph_to_dot", "interpret", "is_float", "jvp_graph", "optimize", "short_dtype", "simplify",
+    "graph_to_dot", "interpret", "Program", "program", "is_float", "jvp_graph", "optimize", "short_dtype", "simplify",
     "structural_hash", "user_source", "verify", "vjp_graph",
 ]

@@ -6,7 +6,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .core import Graph, Lit
-from .ops import OPS
+from .ops import OPS, np_index
 
 # Called after every equation with (eqn, inputs, outputs); set by tracegrad.config.debug_nans.
 eqn_hook: Callable | None = None
@@ -37,3 +37,172 @@ def interpret(graph: Graph, args: Sequence[Any]) -> list[np.ndarray]:
         if hook is not None:
             hook(e, ins, [env[v.id] for v in e.outvars])
     return [np.array(read(a)) for a in graph.outvars]
+
+
+# ---- the fast interpreter ----------------------------------------------------------------------
+# Graphs that run many times on the interpreter (cold signatures under tiering, the Tensor API's
+# recorded graphs) go through a Program: variables live in slots of a list, each equation's numpy
+# function is chosen once, and constants (literals, `full`, `iota`) are computed once. Where an
+# op's fast function could differ from its reference (integer reductions, mixed dtypes), the
+# reference runs, so results are bit-identical to `interpret`.
+
+_UFUNC = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum,
+          "min": np.minimum, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+          "ge": np.greater_equal, "eq": np.equal, "ne": np.not_equal,
+          "and": np.logical_and, "or": np.logical_or,
+          "exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "sin": np.sin,
+          "cos": np.cos, "tan": np.tan, "tanh": np.tanh, "sqrt": np.sqrt, "neg": np.negative,
+          "abs": np.abs, "sign": np.sign, "not": np.logical_not}
+_FLOAT_ONLY = {"div": np.divide, "pow": np.power}
+_REDUCE = {"reduce_sum": np.sum, "reduce_max": np.max, "reduce_min": np.min,
+           "reduce_prod": np.prod}
+_CREATE = {"full", "iota"}
+
+
+def _outer(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """matmul with a contraction of length 1: one product per element, as in matmul."""
+    return np.multiply(a, b)
+
+
+def _fast_fn(e: Any) -> Callable | None:
+    """A numpy function computing `e` exactly as its reference does, or None."""
+    op, p = e.op, e.params
+    out = e.outvars[0].aval
+    in_dtypes = {a.aval.dtype for a in e.inputs}
+    same = in_dtypes == {out.dtype} or (op in ("lt", "le", "gt", "ge", "eq", "ne", "and",
+                                               "or") and len(in_dtypes) == 1)
+    if op == "not" and out.dtype != np.bool_:
+        return None
+    if op in _UFUNC and same and (op not in ("neg", "abs", "sign") or out.dtype != np.bool_):
+        return _UFUNC[op]
+    if op in _FLOAT_ONLY and same and out.dtype.kind == "f":
+        return _FLOAT_ONLY[op]
+    if op in _REDUCE and same and out.dtype.kind == "f":
+        fn, axes = _REDUCE[op], tuple(p["axes"])
+        return lambda x: fn(x, axis=axes)
+    if op == "matmul" and same:
+        a, b = e.inputs[0].aval.shape, e.inputs[1].aval.shape
+        if len(a) == 2 and len(b) == 2 and a[1] == 1:
+            return _outer
+        return np.matmul
+    if op == "reshape":
+        shape = tuple(p["shape"])
+        return lambda x: x.reshape(shape)
+    if op == "transpose":
+        perm = tuple(p["perm"])
+        return lambda x: x.transpose(perm)
+    if op == "broadcast":
+        shape = tuple(p["shape"])
+        return lambda x: np.broadcast_to(x, shape)
+    if op == "slice":
+        idx = np_index(p["index"])
+        return lambda x: x[idx]
+    if op == "select" and len({a.aval.dtype for a in e.inputs[1:]} | {out.dtype}) == 1:
+        return np.where
+    if op == "convert":
+        dt = np.dtype(p["dtype"])
+        return lambda x: x.astype(dt)
+    if op == "stop_gradient":
+        return lambda x: x
+    return None
+
+
+def _generic_fn(e: Any) -> Callable:
+    opdef, params = OPS[e.op], e.params
+    avals = [(v.aval.dtype, v.aval.shape) for v in e.outvars]
+    if opdef.multi_out:
+        def run(*ins):
+            return tuple(np.asarray(o, dtype=d).reshape(s)
+                         for o, (d, s) in zip(opdef.ref(*ins, **params), avals))
+        return run
+    ((dt, shape),) = avals
+    return lambda *ins: np.asarray(opdef.ref(*ins, **params), dtype=dt).reshape(shape)
+
+
+def _scalar_result(fn: Callable) -> Callable:
+    """numpy hands back scalars for 0-d results; keep every value an array."""
+    return lambda *ins: np.asarray(fn(*ins))
+
+
+class Program:
+    """`graph` prepared for repeated interpretation (bit-identical to `interpret`)."""
+    __slots__ = ("graph", "init", "steps", "outs", "in_avals", "n_in")
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        slots: dict[int, int] = {}
+        init: list[Any] = []
+
+        def new(value: Any = None) -> int:
+            init.append(value)
+            return len(init) - 1
+
+        for v in graph.invars:
+            slots[v.id] = new()
+        for v, c in zip(graph.constvars, graph.consts):
+            slots[v.id] = new(np.asarray(c))
+        lits: dict[Any, int] = {}
+
+        def slot_of(a: Any) -> int:
+            if isinstance(a, Lit):
+                key = a.key()
+                k = lits.get(key)
+                if k is None:
+                    k = lits[key] = new(a.value)
+                return k
+            return slots[a.id]
+
+        steps: list[tuple] = []
+        for e in graph.eqns:
+            if e.op in _CREATE:
+                val = np.asarray(OPS[e.op].ref(**e.params), e.outvars[0].aval.dtype)
+                slots[e.outvars[0].id] = new(val.reshape(e.outvars[0].aval.shape))
+                continue
+            ins = tuple(slot_of(a) for a in e.inputs)
+            multi = OPS[e.op].multi_out
+            fn = None if multi else _fast_fn(e)
+            if fn is None:
+                fn = _generic_fn(e)
+            elif not e.outvars[0].aval.shape:
+                fn = _scalar_result(fn)
+            outs = tuple(new() for _ in e.outvars)
+            for v, k in zip(e.outvars, outs):
+                slots[v.id] = k
+            steps.append((fn, ins, outs[0] if not multi else outs, len(ins) if not multi
+                          else -1))
+        self.init = init
+        self.steps = steps
+        self.outs = [slot_of(a) for a in graph.outvars]
+        self.in_avals = [(v.aval.shape, v.aval.dtype) for v in graph.invars]
+        self.n_in = len(graph.invars)
+
+    def __call__(self, args: Sequence[Any]) -> list[np.ndarray]:
+        if len(args) != self.n_in:
+            raise TypeError(f"graph takes {self.n_in} inputs, got {len(args)}")
+        env = list(self.init)
+        for k, (a, (shape, dtype)) in enumerate(zip(args, self.in_avals)):
+            arr = a if type(a) is np.ndarray else np.asarray(a)
+            if arr.shape != shape or arr.dtype != dtype:
+                raise TypeError(f"input expects {self.graph.invars[k].aval}, got "
+                                f"{arr.dtype}{list(arr.shape)}")
+            env[k] = arr
+        with np.errstate(all="ignore"):
+            for fn, ins, out, n in self.steps:
+                if n == 1:
+                    env[out] = fn(env[ins[0]])
+                elif n == 2:
+                    env[out] = fn(env[ins[0]], env[ins[1]])
+                elif n >= 0:
+                    env[out] = fn(*[env[i] for i in ins])
+                else:
+                    for k, o in zip(out, fn(*[env[i] for i in ins])):
+                        env[k] = o
+        return [np.array(env[k]) for k in self.outs]
+
+
+def program(graph: Graph) -> Program:
+    """The graph's Program, built on first use and kept on the graph."""
+    prog = graph.__dict__.get("_program")
+    if prog is None:
+        prog = graph.__dict__["_program"] = Program(graph)
+    return prog
