@@ -11,7 +11,7 @@ import itertools
 import re
 from typing import Any, Callable
 
-from ..ir.core import Var
+from ..ir.core import Eqn, Lit, Var
 
 FREED_MSG = (
     "Trying to backward through the graph a second time (or directly access saved tensors "
@@ -93,12 +93,14 @@ class SavedTensor:
 
 class Node:
     """One recorded Tensor op. When it requires grad it is the `grad_fn` of its outputs."""
-    __slots__ = ("eqns", "args", "out_vars", "values", "name_", "grad", "saved", "freed",
-                 "pre_hooks", "post_hooks", "tensor_hooks", "retains", "fn_ctx", "leaf_chain",
-                 "sig", "__weakref__")
+    __slots__ = ("_eqns", "tpl", "args", "out_vars", "values", "name_", "grad", "saved",
+                 "freed", "pre_hooks", "post_hooks", "tensor_hooks", "retains", "fn_ctx",
+                 "leaf_chain", "sig", "__weakref__")
 
-    def __init__(self, eqns: list, args: list, out_vars: list, grad: bool, name: str = ""):
-        self.eqns = eqns
+    def __init__(self, eqns: list | None, args: list, out_vars: list, grad: bool,
+                 name: str = "", tpl: tuple | None = None):
+        self._eqns = eqns
+        self.tpl = tpl          # (template, source): equations made when first asked for
         self.args = args
         self.out_vars = out_vars
         self.grad = grad
@@ -112,7 +114,23 @@ class Node:
         self.retains: dict | None = None        # var id -> Tensor (retain_grad)
         self.fn_ctx: Any = None                 # autograd.Function context
         self.leaf_chain = 0                     # > 0: computes a leaf's value updated in place
-        self.sig: tuple | None = None           # what determines the IR (tensor.record)
+        self.sig: int | None = None             # what determines the IR (tensor.record)
+
+    @property
+    def eqns(self) -> list:
+        """The op's equations. A node recorded from a cached template makes them only when
+        asked: a graph recognised by its signatures never needs them."""
+        eqns = self._eqns
+        if eqns is None:
+            eqns = self._eqns = instantiate(self.tpl[0], self.args, self.out_vars,
+                                            self.tpl[1])
+            self.tpl = None
+        return eqns
+
+    @eqns.setter
+    def eqns(self, eqns: list) -> None:
+        self._eqns = eqns
+        self.tpl = None
 
     # -- the grad_fn face
     def name(self) -> str:
@@ -153,6 +171,26 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<{self.name_} object at {hex(id(self))}>"
+
+
+def instantiate(tpl: tuple, entries: list, out_vars: list, source: str | None) -> list:
+    """Copy a template's equations (see tensor.record) onto an op's input entries and output
+    variables, with fresh variables for its intermediates."""
+    in_ids, teqns, touts = tpl[0], tpl[1], tpl[2]
+    env = {i: e[0] for i, e in zip(in_ids, entries, strict=False)}
+    for v, o in zip([v for v in touts if v is not None], out_vars, strict=True):
+        env[v.id] = o
+    eqns = []
+    for e in teqns:
+        ins = [a if type(a) is Lit else env[a.id] for a in e.inputs]
+        outs = []
+        for v in e.outvars:
+            o = env.get(v.id)
+            if o is None:
+                o = env[v.id] = Var(v.aval)
+            outs.append(o)
+        eqns.append(Eqn(e.op, ins, outs, e.params, source))
+    return eqns
 
 
 def _out_index(node: Node, var: Var) -> int:

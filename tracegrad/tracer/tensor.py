@@ -7,6 +7,9 @@ when asked for (`numpy()`, `item()`, `print`, `bool()`, `backward()`) by collect
 need into one graph (`autograd_graph.realize`)."""
 from __future__ import annotations
 
+import itertools
+import os
+import sys
 import threading
 import warnings
 import weakref
@@ -14,9 +17,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..ir.builder import Builder, Traced, user_source
+from ..ir.builder import _PKG_DIR, Builder, Traced
 from ..ir.builder import _state as _trace_state
-from ..ir.core import Aval, Eqn, Lit, Var, is_float
+from ..ir.core import Aval, Lit, Var, is_float
 from . import dispatch
 from .autograd_exec import realize
 from .autograd_graph import SAVED, AccumulateGrad, Node, SavedTensor
@@ -394,6 +397,13 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
     let whole graphs be recognised without comparing equations (see autograd_graph)."""
     if _trace_state.stack:
         return _concrete(fn, args, kwargs)
+    key = None
+    if not kwargs and not deps and cache:
+        key = _fast_key(fn, name, args)
+        if key is not None:
+            hit = _fast.get(key)
+            if hit is not None:
+                return _replay(hit, name, args, grad)
     if name == "Dropout" and kwargs.get("seed") is None:
         from .random import next_seed    # a graph input, so graphs hash alike across steps
         kwargs = dict(kwargs, seed=np.asarray(next_seed(), np.int64))
@@ -453,12 +463,13 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
             tpl = _templates.get(sig)
         except TypeError:       # an argument that cannot be hashed: no signature
             sig = None
+    source = _user_line()
     if tpl is not None:     # seen before: copy the recorded IR instead of re-deriving it
-        out_vars, eqns = _instantiate(tpl, entries, user_source())
-        out_type = tpl[3]
-        multi = out_type is not None
+        out_vars = _out_vars(tpl[2])
+        eqns = None
+        multi = tpl[3] is not None
     else:
-        b.source_override = user_source()
+        b.source_override = source
         _trace_state.stack.append(b)
         try:
             out = fn(*args2, **kwargs2)
@@ -481,11 +492,34 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
             if len(_templates) > TEMPLATE_LIMIT:
                 _templates.clear()
                 _names.clear()
-            _templates[sig] = ([e[0].id for e in entries], eqns, out_vars, out_type)
+                _fast.clear()
+            tpl = _templates[sig] = ([e[0].id for e in entries], eqns, out_vars, out_type,
+                                     next(_sig_ids))
     if deps:
         entries.extend(deps)
     requires = grad_on and any(e[1] is not None for e in entries)
-    node = Node(eqns, entries, [v for v in out_vars if v is not None], False)
+    node = Node(eqns, entries, [v for v in out_vars if v is not None], False,
+                tpl=None if eqns is not None else (tpl, source))
+    results = _results(node, out_vars, requires)
+    if sig is not None:
+        node.sig = 2 * tpl[4] + node.grad
+    if node.grad:
+        gname = _names.get((name, sig)) if sig is not None else None
+        if gname is None:
+            gname = _grad_name(name, args, kwargs)
+            if sig is not None:
+                _names[(name, sig)] = gname
+        node.name_ = gname
+        _save(node, name, args, results[0])
+    if key is not None and sig is not None:
+        _fast[key] = (tpl, _names.get((name, sig)) or _grad_name(name, args, kwargs))
+    if not multi:
+        return results[0]
+    out_type = tpl[3] if tpl is not None else out_type
+    return out_type(*results) if hasattr(out_type, "_fields") else out_type(results)
+
+
+def _results(node: Node, out_vars: list, requires: bool) -> list:
     results = []
     for v in out_vars:
         if v is None:
@@ -495,28 +529,120 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
         if differentiable:
             node.grad = True
         results.append(Tensor._from_var(v, node, node if differentiable else None))
-    if sig is not None:
-        node.sig = (sig, node.grad)
     if mode.inference:
         for t in results:
             if t is not None:
                 t._x = {"inference": True}
+    return results
+
+
+def _fast_key(fn: Callable, name: str, args: tuple) -> tuple | None:
+    """A cheap stand-in for an op's signature when its arguments are only Tensors and Python
+    scalars (the common case): `fn`, `name`, each tensor's aval and which earlier argument
+    it repeats, and each scalar's type and value."""
+    key: list = [fn, name]
+    vars_: list = []
+    for a in args:
+        if isinstance(a, Tensor):
+            v = a._var
+            for i, u in enumerate(vars_):
+                if u is v:
+                    key.append(i)
+                    break
+            else:
+                vars_.append(v)
+                key.append(v.aval)
+        elif type(a) in _SCALARS and name != "Dropout":
+            key.append((type(a), a))
+        else:
+            return None
+    return tuple(key)
+
+
+_SCALARS = (float, int, bool)
+
+
+def _replay(hit: tuple, name: str, args: tuple, grad: bool) -> Any:
+    """Record an op whose fast key was seen before: no IR is made until it is needed."""
+    tpl, gname = hit
+    grad_on = mode.grad and grad
+    entries = []
+    seen = []
+    requires = False
+    for a in args:
+        if isinstance(a, Tensor):
+            v = a._var
+            if v in seen:
+                continue
+            seen.append(v)
+            gsrc = a._gsrc() if grad_on else None
+            if gsrc is not None:
+                requires = True
+            val = a._value
+            entries.append((v, gsrc, val if val is not None else a._node))
+    out_vars = _out_vars(tpl[2])
+    node = Node(None, entries, [v for v in out_vars if v is not None], False,
+                tpl=(tpl, _user_line()))
+    results = _results(node, out_vars, requires)
+    node.sig = 2 * tpl[4] + node.grad
     if node.grad:
-        gname = _names.get((name, sig)) if sig is not None else None
-        if gname is None:
-            gname = _grad_name(name, args, kwargs)
-            if sig is not None:
-                _names[(name, sig)] = gname
         node.name_ = gname
         _save(node, name, args, results[0])
-    if not multi:
+    out_type = tpl[3]
+    if out_type is None:
         return results[0]
     return out_type(*results) if hasattr(out_type, "_fields") else out_type(results)
 
 
+def _out_vars(touts: list) -> list:
+    """Fresh variables for a template's outputs (one per distinct template variable)."""
+    if len(touts) == 1 and touts[0] is not None:
+        return [Var(touts[0].aval)]
+    made: dict[int, Var] = {}
+    out = []
+    for v in touts:
+        if v is None:
+            out.append(None)
+            continue
+        o = made.get(v.id)
+        if o is None:
+            o = made[v.id] = Var(v.aval)
+        out.append(o)
+    return out
+
+
+_code_inside: dict = {}     # code object -> whether it belongs to tracegrad
+_lines: dict = {}           # (code object, line) -> "file:line"
+
+
+def _user_line() -> str | None:
+    """`user_source()` made cheap for every recorded op: which code objects are tracegrad's,
+    and their `file:line` strings, are remembered."""
+    f = sys._getframe(2)
+    while f is not None:
+        code = f.f_code
+        inside = _code_inside.get(code)
+        if inside is None:
+            if len(_code_inside) > 4096:
+                _code_inside.clear()
+                _lines.clear()
+            fn = code.co_filename
+            inside = _code_inside[code] = fn.startswith(_PKG_DIR) or fn.startswith("<frozen")
+        if not inside:
+            where = (code, f.f_lineno)
+            line = _lines.get(where)
+            if line is None:
+                line = _lines[where] = f"{os.path.basename(code.co_filename)}:{f.f_lineno}"
+            return line
+        f = f.f_back
+    return None
+
+
 TEMPLATE_LIMIT = 4096
-_templates: dict = {}     # signature -> (input var ids, eqns, output vars, output type)
+_templates: dict = {}     # signature -> (input var ids, eqns, output vars, output type, sig id)
 _names: dict = {}         # (op name, signature) -> grad_fn name
+_fast: dict = {}          # fast key (see _fast_key) -> (template, grad_fn name)
+_sig_ids = itertools.count()
 
 
 def _signature(desc: list) -> tuple | None:
@@ -530,21 +656,6 @@ def _signature(desc: list) -> tuple | None:
         else:
             sig.append(d)
     return tuple(sig)
-
-
-def _instantiate(tpl: tuple, entries: list, source: str | None) -> tuple[list, list]:
-    """Copy a template's equations onto this op's inputs, with fresh variables."""
-    in_ids, teqns, touts, _ = tpl
-    env = {i: e[0] for i, e in zip(in_ids, entries, strict=True)}
-    eqns = []
-    for e in teqns:
-        ins = [a if type(a) is Lit else env[a.id] for a in e.inputs]
-        outs = []
-        for v in e.outvars:
-            o = env[v.id] = Var(v.aval)
-            outs.append(o)
-        eqns.append(Eqn(e.op, ins, outs, e.params, source))
-    return [None if v is None else env[v.id] for v in touts], eqns
 
 
 class _MixedTrace(Exception):
