@@ -5,15 +5,15 @@ from .core import Atom, Aval, Eqn, Graph, Lit, Var, aval_of, is_float, short_dty
 from .hashing import structural_hash
 from .interpret import Program, interpret, program
 from .ops import OPS, DTypeError, OpDef, ShapeError
-from .passes import cse, dce, fold_constants, optimize, simplify
+from .passes import cse, dce, fold_constants, optimize, rewrite, simplify
 from .printer import format_graph, graph_to_dot
 from .rules import JVP, VJP
 from .verify import IRError, verify
 
 __all__ = [
     "Atom", "Aval", "Builder", "DTypeError", "Eqn", "Graph", "IRError", "JVP", "Lit", "OPS",
-    "OpDef", "ShapeError", "Traced", "TracingError", "VJP", "Var", "aval_of", "backward_pass",
-    "bind", "cse", "current_builder", "dce", "fold_constants", "format_graph", "forward_pass",
-    "graph_to_dot", "interpret", "Program", "program", "is_float", "jvp_graph", "optimize", "short_dtype", "simplify",
-    "structural_hash", "user_source", "verify", "vjp_graph",
+    "OpDef", "Program", "ShapeError", "Traced", "TracingError", "VJP", "Var", "aval_of",
+    "backward_pass", "bind", "cse", "current_builder", "dce", "fold_constants", "format_graph",
+    "forward_pass", "graph_to_dot", "interpret", "is_float", "jvp_graph", "optimize", "program",
+    "rewrite", "short_dtype", "simplify", "structural_hash", "user_source", "verify", "vjp_graph",
 ]

@@ -24,13 +24,26 @@ class TracingError(RuntimeError):
     """A traced value was used where a concrete Python value is needed."""
 
 
+_CODE_FILES: dict[Any, str | None] = {}   # code object -> its file's name, None if ours
+
+
 def user_source() -> str | None:
     """The `file:line` of the innermost frame outside the tracegrad package."""
     f = sys._getframe(1)
+    files = _CODE_FILES
     while f is not None:
-        fn = f.f_code.co_filename
-        if not fn.startswith(_PKG_DIR) and not fn.startswith("<frozen"):
-            return f"{os.path.basename(fn)}:{f.f_lineno}"
+        code = f.f_code
+        try:
+            name = files[code]
+        except KeyError:
+            fn = code.co_filename
+            name = None if fn.startswith(_PKG_DIR) or fn.startswith("<frozen") \
+                else os.path.basename(fn)
+            if len(files) > 8192:
+                files.clear()
+            files[code] = name
+        if name is not None:
+            return f"{name}:{f.f_lineno}"
         f = f.f_back
     return None
 
@@ -41,6 +54,34 @@ class _State(threading.local):
 
 
 _state = _State()
+
+
+_RULES: dict[Any, list[Aval]] = {}   # (op, input avals, params) -> output avals
+
+
+def out_avals_of(op: str, avals: list[Aval], params: dict, source: str | None = None
+                 ) -> list[Aval]:
+    """The output avals of `op` on inputs `avals`, by its shape/dtype rule (remembered: the
+    rules are pure). Errors name the op and the user's line."""
+    try:
+        key = (op, *avals, *params.items()) if params else (op, *avals)
+        hit = _RULES.get(key)
+    except TypeError:       # a parameter that cannot be hashed
+        key = hit = None
+    if hit is not None:
+        return hit
+    opdef = OPS[op]
+    try:
+        out = opdef.rule(*avals, **params)
+    except (ShapeError, DTypeError) as e:
+        where = f" (at {source})" if source else ""
+        raise type(e)(f"{op}: {e}{where}") from None
+    out = list(out) if opdef.multi_out else [out]
+    if key is not None:
+        if len(_RULES) > 16384:
+            _RULES.clear()
+        _RULES[key] = out
+    return out
 
 
 class Builder:
@@ -60,6 +101,7 @@ class Builder:
         self.weak_inputs: set[int] = set()        # ids of inputs passed as Python scalars
         self.source_override: str | None = None
         self.done = False
+        self.optimized_later = False   # the built graph goes through ir.optimize (jit)
 
     # -- inputs and constants
     def new_input(self, aval: Aval) -> Traced:
@@ -110,15 +152,8 @@ class Builder:
     # -- equations
     def emit(self, op: str, inputs: Sequence[Atom], params: dict,
              source: str | None = None) -> list[Var]:
-        opdef = OPS[op]
         source = source or self.source_override or user_source()
-        try:
-            out_avals = opdef.rule(*[a.aval for a in inputs], **params)
-        except (ShapeError, DTypeError) as e:
-            where = f" (at {source})" if source else ""
-            raise type(e)(f"{op}: {e}{where}") from None
-        if not opdef.multi_out:
-            out_avals = [out_avals]
+        out_avals = out_avals_of(op, [a.aval for a in inputs], params, source)
         outs = [Var(a) for a in out_avals]
         self.eqns.append(Eqn(op, list(inputs), outs, params, source))
         return outs

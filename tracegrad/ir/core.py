@@ -15,7 +15,8 @@ _SHORT = {
 
 
 def short_dtype(dtype: np.dtype) -> str:
-    return _SHORT.get(np.dtype(dtype), str(dtype))
+    short = _SHORT.get(dtype)
+    return short if short is not None else _SHORT.get(np.dtype(dtype), str(dtype))
 
 
 def is_float(dtype: np.dtype) -> bool:
@@ -37,7 +38,15 @@ class Aval:
         return int(np.prod(self.shape, dtype=np.int64))
 
     def __str__(self) -> str:
-        return f"{short_dtype(self.dtype)}[{','.join(map(str, self.shape))}]"
+        text = _AVAL_TEXT.get(self)
+        if text is None:
+            if len(_AVAL_TEXT) > 4096:
+                _AVAL_TEXT.clear()
+            text = _AVAL_TEXT[self] = f"{short_dtype(self.dtype)}[{','.join(map(str, self.shape))}]"
+        return text
+
+
+_AVAL_TEXT: dict[Aval, str] = {}
 
 
 def aval_of(value: Any) -> Aval:

@@ -69,6 +69,8 @@ def result_dtype(*xs: Any) -> np.dtype:
 
 def asdtype(x: Any, dtype: np.dtype) -> Any:
     """`x` with dtype `dtype`: scalars become literals, others are converted if needed."""
+    if type(x) is Traced and x.atom.aval.dtype is dtype:
+        return x
     dtype = np.dtype(dtype)
     if isinstance(x, _WEAK):
         return np.asarray(x, dtype)
@@ -81,6 +83,12 @@ def asdtype(x: Any, dtype: np.dtype) -> Any:
 
 
 def promote(*xs: Any) -> list[Any]:
+    first = xs[0]
+    if type(first) is Traced and not first.builder.weak_inputs:   # the common case, quickly
+        d = first.atom.aval.dtype
+        if all(type(x) is Traced and x.atom.aval.dtype is d and not x.builder.weak_inputs
+               for x in xs):
+            return list(xs)
     d = result_dtype(*xs)
     return [asdtype(x, d) for x in xs]
 
@@ -95,6 +103,8 @@ def to_float(x: Any) -> Any:
 
 def _unary_float(op: str):
     def f(x: Any) -> Any:
+        if type(x) is Traced and x.atom.aval.dtype.kind == "f":
+            return bind(op, x)
         return bind(op, to_float(x))
     f.__name__ = op
     return f

@@ -20,29 +20,47 @@ def _param(value) -> str:
     return repr(value)
 
 
-def structural_hash(graph: Graph) -> str:
-    index: dict[int, int] = {}
-    parts: list[str] = []
+_PARAMS_TEXT: dict[int, tuple[dict, str]] = {}   # id(params) -> (params, text)
 
-    def name(v) -> int:
-        index[v.id] = len(index)
-        return index[v.id]
+
+def _params_text(params: dict) -> str:
+    """`k=v;...` for an equation's params, remembered per params dict (equations copied by the
+    passes and the tracer share theirs)."""
+    if not params:
+        return ""
+    hit = _PARAMS_TEXT.get(id(params))
+    if hit is not None and hit[0] is params:
+        return hit[1]
+    text = ";".join(f"{k}={_param(v)}" for k, v in params.items())
+    if len(_PARAMS_TEXT) > 8192:
+        _PARAMS_TEXT.clear()
+    _PARAMS_TEXT[id(params)] = (params, text)
+    return text
+
+
+def structural_hash(graph: Graph) -> str:
+    index: dict[int, str] = {}
+    parts: list[str] = []
 
     for v, c in zip(graph.constvars, graph.consts):
         digest = hashlib.sha1(np.ascontiguousarray(c).tobytes()).hexdigest()
-        parts.append(f"c{name(v)}:{v.aval}:{digest}")
+        index[v.id] = name = f"%{len(index)}"
+        parts.append(f"c{name}:{v.aval}:{digest}")
     for v in graph.invars:
-        parts.append(f"i{name(v)}:{v.aval}")
+        index[v.id] = name = f"%{len(index)}"
+        parts.append(f"i{name}:{v.aval}")
 
     def use(a) -> str:
-        if isinstance(a, Lit):
+        if type(a) is Lit:
             return f"{a.value.item()!r}:{a.aval}"
-        return f"%{index[a.id]}"
+        return index[a.id]
 
     for e in graph.eqns:
-        params = ";".join(f"{k}={_param(v)}" for k, v in e.params.items())
-        ins = ",".join(use(a) for a in e.inputs)
-        outs = ",".join(f"{name(v)}:{v.aval}" for v in e.outvars)
-        parts.append(f"{outs}={e.op}[{params}]({ins})")
+        outs = []
+        for v in e.outvars:
+            index[v.id] = name = f"%{len(index)}"
+            outs.append(f"{name}:{v.aval}")
+        parts.append(f"{','.join(outs)}={e.op}[{_params_text(e.params)}]"
+                     f"({','.join([use(a) for a in e.inputs])})")
     parts.append("out:" + ",".join(use(a) for a in graph.outvars))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()

@@ -173,11 +173,64 @@ def simplify(graph: Graph) -> Graph:
     return _substituted(graph, eqns, subst)
 
 
+_FROZEN: dict[int, tuple[dict, Any]] = {}   # id(params) -> (params, frozen params)
+
+
+def _frozen_params(params: dict) -> Any:
+    """`_freeze(params)`, remembered per params dict (copied equations share theirs)."""
+    if not params:
+        return ()
+    hit = _FROZEN.get(id(params))
+    if hit is not None and hit[0] is params:
+        return hit[1]
+    frozen = _freeze(params)
+    if len(_FROZEN) > 8192:
+        _FROZEN.clear()
+    _FROZEN[id(params)] = (params, frozen)
+    return frozen
+
+
+def rewrite(graph: Graph) -> Graph:
+    """simplify, fold_constants and cse in one walk: each equation, its inputs already
+    rewritten, is dropped as a no-op, folded to a literal, merged with an equal one, or kept."""
+    subst: dict[int, Atom] = {}
+    producers: dict[int, Eqn] = {}
+    seen: dict[Any, list[Var]] = {}
+    eqns = []
+    for e in graph.eqns:
+        e = _copy(e)
+        e.inputs = ins = [subst.get(a.id, a) if type(a) is Var else a for a in e.inputs]
+        outs = e.outvars
+        if len(outs) == 1:
+            out = outs[0]
+            if e.op == "reshape" and type(ins[0]) is Var:
+                inner = producers.get(ins[0].id)
+                if inner is not None and inner.op == "reshape":
+                    e.inputs = ins = [inner.inputs[0]]
+            same = _identity_input(e, producers)
+            if same is not None:
+                subst[out.id] = same
+                continue
+            if (out.aval.shape == () and e.op not in _NO_FOLD
+                    and all(type(a) is Lit for a in ins)):
+                value = OPS[e.op].ref(*[a.value for a in ins], **e.params)
+                subst[out.id] = Lit(np.asarray(value, out.aval.dtype), out.aval.dtype)
+                continue
+        key = (e.op, tuple([a.id if type(a) is Var else a.key() for a in ins]),
+               _frozen_params(e.params))
+        hit = seen.get(key)
+        if hit is not None:
+            for v, w in zip(outs, hit):
+                subst[v.id] = w
+            continue
+        seen[key] = outs
+        for v in outs:
+            producers[v.id] = e
+        eqns.append(e)
+    return _substituted(graph, eqns, subst)
+
+
 def optimize(graph: Graph) -> Graph:
-    """The standard pipeline; each pass is linear, the whole is run twice at most."""
-    for _ in range(2):
-        n = len(graph.eqns)
-        graph = dce(cse(fold_constants(simplify(graph))))
-        if len(graph.eqns) == n:
-            break
-    return graph
+    """The standard pipeline: simplify, fold and CSE in one forward walk, then DCE. Every
+    rewrite reads inputs that are already final, so one round reaches the fixed point."""
+    return dce(rewrite(graph))

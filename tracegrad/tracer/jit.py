@@ -147,7 +147,7 @@ class Jitted:
 
     def _compile(self, args: tuple, key: Any) -> _Entry:
         t0 = time.perf_counter()
-        tf, _ = trace(self.f, args, self.static)
+        tf, _ = trace(self.f, args, self.static, optimized_later=True)
         graph = ir.optimize(tf.graph)
         # Like JAX, the first signature compiles on the first call. A function that retraces
         # (static arguments, or a second signature) is tiered: new signatures run on the

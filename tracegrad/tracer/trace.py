@@ -48,14 +48,16 @@ def flatten_args(args: Sequence[Any], what: str = "argument") -> tuple[list[Any]
     return [leaf_value(x, f"{what} leaf {i}") for i, x in enumerate(leaves)], tree
 
 
-def trace(fn: Callable, args: Sequence[Any], static_argnums: Sequence[int] = ()) -> tuple[
-        Traced_fn, list[Any]]:
+def trace(fn: Callable, args: Sequence[Any], static_argnums: Sequence[int] = (),
+          optimized_later: bool = False) -> tuple[Traced_fn, list[Any]]:
     """Trace `fn(*args)` with fresh inputs for every non-static array leaf.
-    Returns the traced function and the flat leaf values of the dynamic arguments."""
+    Returns the traced function and the flat leaf values of the dynamic arguments.
+    `optimized_later`: the caller optimises the graph, so transforms inside need not."""
     static = set(static_argnums)
     dyn = [a for i, a in enumerate(args) if i not in static]
     leaves, in_tree = flatten_args(dyn)
     b = Builder(getattr(fn, "__name__", "fn"))
+    b.optimized_later = optimized_later
     inputs = [b.new_input(aval_of_leaf(x)) for x in leaves]
     # Python scalar arguments stay weakly typed: `x * n` keeps x's dtype for an int n
     raw = tree_flatten(tuple(dyn))[0]

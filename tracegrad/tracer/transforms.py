@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import ir
 from ..ir import emit as E
-from ..ir.builder import Builder
+from ..ir.builder import Builder, current_builder
 from .pytree import tree_flatten, tree_unflatten
 from .trace import aval_of_leaf, call_graph, flatten_args, trace
 
@@ -56,7 +56,11 @@ def _check_float(leaves: Sequence[Any], idx: Sequence[int], fname: str) -> None:
 
 
 def _run(graph: ir.Graph, captured: list, leaves: list) -> list[Any]:
-    return call_graph(ir.optimize(graph), list(leaves) + list(captured))
+    args = list(leaves) + list(captured)
+    outer = current_builder()
+    if outer is not None and outer.optimized_later:   # jit optimises the whole graph anyway
+        return call_graph(graph, args)
+    return call_graph(ir.optimize(graph), args)
 
 
 def _positional(f: Callable, n: int, keys: tuple[str, ...]) -> Callable:
