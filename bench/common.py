@@ -20,6 +20,11 @@ def pin_threads() -> None:
     # OPENBLAS_CORETYPE mis-tunes BLAS on this machine class; benchmarks only (never tests).
     os.environ.pop("OPENBLAS_CORETYPE", None)
     os.environ.pop("OPENBLAS_L2_SIZE", None)
+    # "Compiles included" means cold: native code cached on disk by an earlier run must not
+    # count, so every run starts from an empty compile cache of its own.
+    if "TRACEGRAD_CACHE_DIR" not in os.environ:
+        import tempfile
+        os.environ["TRACEGRAD_CACHE_DIR"] = tempfile.mkdtemp(prefix="tracegrad-bench-cache-")
 
 
 def optional(name: str):
