@@ -14,12 +14,9 @@ from ..ir.core import Lit, is_float
 from ..ir.ops import OPS
 from ..ir.rules import VJP
 from .autograd_exec import fast_backward, realize
-from .autograd_graph import FREED_MSG, AccumulateGrad, Node, hook_name, strip_backward
+from .autograd_graph import AccumulateGrad, Node, check_saved, hook_name
 from .grad_mode import mode
 from .tensor import Tensor, record
-
-_TYPE_NAMES = {"float32": "Float", "float64": "Double", "int64": "Long", "int32": "Int",
-               "bool": "Bool", "float16": "Half", "int8": "Char", "uint8": "Byte"}
 
 
 def size_str(shape: Sequence[int]) -> str:
@@ -335,28 +332,6 @@ def _checked_tuple(fn: Any, gs: tuple, r: Any) -> tuple:
                            f"(got {len(r)}, but expected {len(gs)})")
     return tuple(g if x is None and g is None else _checked(fn, g, x) if g is not None else x
                  for g, x in zip(gs, r, strict=False))
-
-
-def check_saved(n: Node) -> None:
-    if not n.saved:
-        return
-    if n.freed:
-        raise RuntimeError(FREED_MSG)
-    for s in n.saved:
-        if s.vc[0] != s.version:
-            aval = s.var.aval
-            kind = _TYPE_NAMES.get(str(aval.dtype), str(aval.dtype))
-            owner = ""
-            if s.is_output:
-                owner = f", which is output 0 of {strip_backward(n.name_)},"
-            elif s.tensor is not None and s.tensor._fn is not None:
-                owner = f", which is output 0 of {strip_backward(s.tensor._fn.name_)},"
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified by an "
-                f"inplace operation: [tg.{kind}Tensor {list(aval.shape)}]{owner} is at version "
-                f"{s.vc[0]}; expected version {s.version} instead. Hint: enable anomaly "
-                "detection to find the operation that failed to compute its gradient, with "
-                "torch.autograd.set_detect_anomaly(True).")
 
 
 # ---- the backward of a recorded op ---------------------------------------------------------------

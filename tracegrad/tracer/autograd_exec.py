@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import ir
 from ..ir.core import Var
-from .autograd_graph import AccumulateGrad, Node
+from .autograd_graph import AccumulateGrad, Node, check_saved
 from ..config import config
 from . import executor
 from .executor import compile_graph
@@ -162,7 +162,7 @@ def _check_plain(n: Node) -> None:
     if n.tensor_hooks or n.retains or n.pre_hooks or n.post_hooks or n.fn_ctx is not None \
             and not isinstance(n.fn_ctx, dict):
         raise Bail
-    if n.grad and not n.eqns:
+    if n.grad and not n.has_eqns():
         raise Bail
     for s in n.saved or ():
         if s.unpack is not None:
@@ -317,22 +317,23 @@ def fast_backward(roots: list, grads: list, retain: bool) -> bool:
     """`backward()` as one graph — forward and backward of everything from the leaves to the
     roots — when no hook, retain_grad, Function or unpack hook needs a node-by-node walk.
     Returns False (having changed nothing) when the graph needs the general engine."""
-    from .autograd_engine import check_saved
     from .tensor import assign_
     if not all(isinstance(t._fn, Node) for t in roots):
         return False
     try:
-        w = walk([t._fn for t in roots], grad=True)
-        if w.pending:   # compute pending leaf values (optimizer updates) first
-            realize_vars(w.pending)
+        w = grad_walk([t._fn for t in roots])
+        if w is None:
             w = walk([t._fn for t in roots], grad=True)
+            if w.pending:   # compute pending leaf values (optimizer updates) first
+                realize_vars(w.pending)
+                w = walk([t._fn for t in roots], grad=True)
+            if w.forced:
+                return False
+            for n in w.order:
+                if n.grad:
+                    check_saved(n)
     except Bail:
         return False
-    if w.forced:
-        return False
-    for n in w.order:
-        if n.grad:
-            check_saved(n)
     outs = [(w.index[id(t._fn)], _out_index(t._fn, t._var)) for t in roots]
     key = None
     if w.key is not None:
@@ -369,6 +370,84 @@ def fast_backward(roots: list, grads: list, retain: bool) -> bool:
                 for s in n.saved or ():
                     s.tensor = s.packed = None
     return True
+
+
+def grad_walk(roots: list[Node]) -> Walk | None:
+    """`walk(roots, grad=True)` for the common case — every node has a signature, nothing
+    is pending or recomputed — in two flat loops: collect the nodes, then visit them in
+    recording order (a node's output variables are made after all of its inputs'). Returns
+    None when the general walk is needed."""
+    nodes = list(roots)
+    seen = {id(n) for n in roots}
+    for n in nodes:     # grows while iterating
+        if n.sig is None or not n.out_vars:
+            return None
+        for var, gsrc, vsrc in n.args:
+            if type(gsrc) is Node:
+                if id(gsrc) not in seen:
+                    seen.add(id(gsrc))
+                    nodes.append(gsrc)
+            elif gsrc is None and type(vsrc) is Node and _cached(vsrc, var) is None:
+                return None     # a value computed without grad: the general walk decides
+    nodes.sort(key=_first_var_id)
+    w = Walk()
+    slots = w.slots
+    in_vars, in_vals, in_gsrc = w.in_vars, w.in_vals, w.in_gsrc
+    reaching = w.reaching
+    index = w.index
+    key = w.key
+    for n in nodes:
+        if n.tensor_hooks or n.retains or n.pre_hooks or n.post_hooks or n.leaf_chain \
+                or n.fn_ctx is not None and type(n.fn_ctx) is not dict:
+            return None
+        key.append(n.sig)
+        for var, gsrc, vsrc in n.args:
+            if type(gsrc) is Node:
+                sub = index[id(gsrc)]
+                pos = 0 if gsrc.out_vars[0] is var else _out_index(gsrc, var)
+                if pos < 0 or not gsrc.grad:
+                    raise Bail
+                key.append(-1 - (sub << 16 | pos) if pos < 65536 else (sub, pos))
+                continue
+            k = slots.get(var.id)
+            if k is None:
+                if gsrc is None:
+                    if var.id in reaching:
+                        raise Bail    # a no-grad use of a differentiable value
+                    val = vsrc if type(vsrc) is not Node else _cached(vsrc, var)
+                elif type(gsrc) is AccumulateGrad:
+                    if gsrc.post_hooks or gsrc.variable._get("hooks"):
+                        return None
+                    val = vsrc if type(vsrc) is not Node else _cached(vsrc, var)
+                    if val is None:
+                        return None     # a pending leaf value
+                    reaching.add(var.id)
+                else:
+                    return None
+                k = slots[var.id] = len(in_vars)
+                in_vars.append(var)
+                in_vals.append(val)
+                in_gsrc.append(gsrc)
+            elif gsrc is None and var.id in reaching:
+                raise Bail
+            key.append(k)
+        index[id(n)] = len(w.order)
+        w.order.append(n)
+        if n.grad:
+            for v in n.out_vars:
+                reaching.add(v.id)
+            if not n.has_eqns():
+                return None
+            if n.saved:
+                for sv in n.saved:
+                    if sv.unpack is not None:
+                        return None
+                check_saved(n)
+    return w
+
+
+def _first_var_id(n: Node) -> int:
+    return n.out_vars[0].id
 
 
 def _backward_graph(w: Walk, roots: list) -> CachedGraph:

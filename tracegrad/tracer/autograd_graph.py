@@ -127,6 +127,10 @@ class Node:
             self.tpl = None
         return eqns
 
+    def has_eqns(self) -> bool:
+        eqns = self._eqns
+        return bool(eqns) if eqns is not None else bool(self.tpl[0][1])
+
     @eqns.setter
     def eqns(self, eqns: list) -> None:
         self._eqns = eqns
@@ -239,6 +243,32 @@ SAVED_NAMES = {
     "Prod": {"self": 0, "result": "result"}, "Log1P": {"self": 0}, "Erf": {"self": 0},
     "Softmax": {"result": "result"}, "LogSoftmax": {"result": "result"},
 }
+
+
+def check_saved(n: Node) -> None:
+    if not n.saved:
+        return
+    if n.freed:
+        raise RuntimeError(FREED_MSG)
+    for s in n.saved:
+        if s.vc[0] != s.version:
+            aval = s.var.aval
+            kind = _TYPE_NAMES.get(str(aval.dtype), str(aval.dtype))
+            owner = ""
+            if s.is_output:
+                owner = f", which is output 0 of {strip_backward(n.name_)},"
+            elif s.tensor is not None and s.tensor._fn is not None:
+                owner = f", which is output 0 of {strip_backward(s.tensor._fn.name_)},"
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: [tg.{kind}Tensor {list(aval.shape)}]{owner} is at version "
+                f"{s.vc[0]}; expected version {s.version} instead. Hint: enable anomaly "
+                "detection to find the operation that failed to compute its gradient, with "
+                "torch.autograd.set_detect_anomaly(True).")
+
+
+_TYPE_NAMES = {"float32": "Float", "float64": "Double", "int64": "Long", "int32": "Int",
+               "bool": "Bool", "float16": "Half", "int8": "Char", "uint8": "Byte"}
 
 
 class AccumulateGrad:

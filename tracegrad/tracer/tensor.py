@@ -399,11 +399,12 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
         return _concrete(fn, args, kwargs)
     key = None
     if not kwargs and not deps and cache:
-        key = _fast_key(fn, name, args)
-        if key is not None:
+        fast = _fast_key(fn, name, args)
+        if fast is not None:
+            key = fast[0]
             hit = _fast.get(key)
             if hit is not None:
-                return _replay(hit, name, args, grad)
+                return _replay(hit, name, args, fast[1], grad)
     if name == "Dropout" and kwargs.get("seed") is None:
         from .random import next_seed    # a graph input, so graphs hash alike across steps
         kwargs = dict(kwargs, seed=np.asarray(next_seed(), np.int64))
@@ -512,7 +513,8 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
         node.name_ = gname
         _save(node, name, args, results[0])
     if key is not None and sig is not None:
-        _fast[key] = (tpl, _names.get((name, sig)) or _grad_name(name, args, kwargs))
+        _fast[key] = (tpl, _names.get((name, sig)) or _grad_name(name, args, kwargs),
+                      bool(SAVED.get(name)))
     if not multi:
         return results[0]
     out_type = tpl[3] if tpl is not None else out_type
@@ -538,56 +540,75 @@ def _results(node: Node, out_vars: list, requires: bool) -> list:
 
 def _fast_key(fn: Callable, name: str, args: tuple) -> tuple | None:
     """A cheap stand-in for an op's signature when its arguments are only Tensors and Python
-    scalars (the common case): `fn`, `name`, each tensor's aval and which earlier argument
-    it repeats, and each scalar's type and value."""
+    scalars (the common case), as a flat tuple: `fn`, `name`, then per argument either the
+    index of the earlier tensor it repeats, a tensor's shape and dtype, or a scalar's (type,
+    value). Returns (key, the distinct tensors) or None."""
     key: list = [fn, name]
-    vars_: list = []
+    tensors: list = []
     for a in args:
         if isinstance(a, Tensor):
             v = a._var
-            for i, u in enumerate(vars_):
-                if u is v:
+            for i, t in enumerate(tensors):
+                if t._var is v:
                     key.append(i)
                     break
             else:
-                vars_.append(v)
-                key.append(v.aval)
+                tensors.append(a)
+                aval = v.aval
+                key.append(aval.shape)
+                key.append(aval.dtype)
         elif type(a) in _SCALARS and name != "Dropout":
             key.append((type(a), a))
         else:
             return None
-    return tuple(key)
+    return tuple(key), tensors
 
 
 _SCALARS = (float, int, bool)
 
 
-def _replay(hit: tuple, name: str, args: tuple, grad: bool) -> Any:
+def _replay(hit: tuple, name: str, args: tuple, tensors: list, grad: bool) -> Any:
     """Record an op whose fast key was seen before: no IR is made until it is needed."""
-    tpl, gname = hit
-    grad_on = mode.grad and grad
+    tpl, gname, saves = hit
     entries = []
-    seen = []
     requires = False
-    for a in args:
-        if isinstance(a, Tensor):
-            v = a._var
-            if v in seen:
-                continue
-            seen.append(v)
-            gsrc = a._gsrc() if grad_on else None
+    if mode.grad and grad:
+        for a in tensors:
+            gsrc = a._fn
+            if gsrc is None and a._rg:
+                gsrc = a._gsrc()
             if gsrc is not None:
                 requires = True
             val = a._value
-            entries.append((v, gsrc, val if val is not None else a._node))
-    out_vars = _out_vars(tpl[2])
-    node = Node(None, entries, [v for v in out_vars if v is not None], False,
-                tpl=(tpl, _user_line()))
-    results = _results(node, out_vars, requires)
+            entries.append((a._var, gsrc, val if val is not None else a._node))
+    else:
+        for a in tensors:
+            val = a._value
+            entries.append((a._var, None, val if val is not None else a._node))
+    touts = tpl[2]
+    if len(touts) == 1:
+        v = Var(touts[0].aval)
+        out_vars = [v]
+        node = Node(None, entries, out_vars, False, tpl=(tpl, _user_line(3)))
+        if requires and v.aval.dtype.kind == "f":
+            node.grad = True
+            results = [Tensor._from_var(v, node, node)]
+        else:
+            results = [Tensor._from_var(v, node, None)]
+        if mode.inference:
+            results[0]._x = {"inference": True}
+    else:
+        out_vars = _out_vars(touts)
+        node = Node(None, entries, [v for v in out_vars if v is not None], False,
+                    tpl=(tpl, _user_line(3)))
+        results = _results(node, out_vars, requires)
     node.sig = 2 * tpl[4] + node.grad
     if node.grad:
         node.name_ = gname
-        _save(node, name, args, results[0])
+        if saves:
+            _save(node, name, args, results[0])
+        else:
+            node.saved = []
     out_type = tpl[3]
     if out_type is None:
         return results[0]
@@ -615,10 +636,10 @@ _code_inside: dict = {}     # code object -> whether it belongs to tracegrad
 _lines: dict = {}           # (code object, line) -> "file:line"
 
 
-def _user_line() -> str | None:
+def _user_line(depth: int = 2) -> str | None:
     """`user_source()` made cheap for every recorded op: which code objects are tracegrad's,
-    and their `file:line` strings, are remembered."""
-    f = sys._getframe(2)
+    and their `file:line` strings, are remembered. Starts `depth` frames up."""
+    f = sys._getframe(depth)
     while f is not None:
         code = f.f_code
         inside = _code_inside.get(code)
@@ -641,7 +662,7 @@ def _user_line() -> str | None:
 TEMPLATE_LIMIT = 4096
 _templates: dict = {}     # signature -> (input var ids, eqns, output vars, output type, sig id)
 _names: dict = {}         # (op name, signature) -> grad_fn name
-_fast: dict = {}          # fast key (see _fast_key) -> (template, grad_fn name)
+_fast: dict = {}          # fast key (see _fast_key) -> (template, grad_fn name, saves?)
 _sig_ids = itertools.count()
 
 
