@@ -7,9 +7,9 @@ from typing import Any, Sequence
 
 from . import emit as E
 from .builder import Builder, Traced
-from .core import Graph, Lit, is_float
+from .core import Eqn, Graph, Lit, Var, is_float
 from .ops import OPS
-from .rules import JVP, VJP
+from .rules import JVP, PARTIAL_VJP, VJP
 
 
 def _differentiable(aval) -> bool:
@@ -29,10 +29,22 @@ def _input_env(b: Builder, graph: Graph, args: Sequence[Any]) -> dict[int, Trace
 def forward_values(b: Builder, graph: Graph, args: Sequence[Any]) -> dict[int, Traced]:
     """Inline `graph` into `b`, returning the environment var id -> value (incl. inputs)."""
     env = _input_env(b, graph, args)
+    if any(env[v.id].aval != v.aval for v in graph.invars):
+        for e in graph.eqns:    # inputs of other types: every equation is checked again
+            ins = [_read(b, env, a) for a in e.inputs]
+            outs = b.emit(e.op, [t.atom for t in ins], e.params, e.source)
+            for v, o in zip(e.outvars, outs):
+                env[v.id] = Traced(b, o)
+        return env
+    # the same types: copy the equations as they are (their rules held when recorded)
+    atoms = {k: b.lift(t) for k, t in env.items()}
+    emitted = b.eqns
     for e in graph.eqns:
-        ins = [_read(b, env, a) for a in e.inputs]
-        outs = b.emit(e.op, [t.atom for t in ins], e.params, e.source)
+        outs = [Var(v.aval) for v in e.outvars]
+        emitted.append(Eqn(e.op, [a if type(a) is Lit else atoms[a.id] for a in e.inputs],
+                           outs, e.params, e.source))
         for v, o in zip(e.outvars, outs):
+            atoms[v.id] = o
             env[v.id] = Traced(b, o)
     return env
 
@@ -78,6 +90,9 @@ def backward_pass(b: Builder, graph: Graph, args: Sequence[Any], cts: Sequence[A
             try:
                 if OPS[e.op].multi_out:
                     grads = VJP[e.op](gs, *ins, out=outs_e, **e.params)
+                elif e.op in PARTIAL_VJP:
+                    need = tuple(type(a) is not Lit and a.id in live for a in e.inputs)
+                    grads = VJP[e.op](gs[0], *ins, out=outs_e[0], need=need, **e.params)
                 else:
                     grads = VJP[e.op](gs[0], *ins, out=outs_e[0], **e.params)
                 # summing into an input used twice is part of this equation's backward

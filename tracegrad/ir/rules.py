@@ -14,6 +14,8 @@ from .core import is_float
 
 Rule = Callable[..., Any]
 VJP: dict[str, Rule] = {}
+# VJP rules that take `need=` (one bool per input) and skip the gradients nobody reads
+PARTIAL_VJP = {"matmul", "mul"}
 JVP: dict[str, Rule] = {}
 NO_GRAD = {"sign", "not", "stop_gradient", "lt", "le", "gt", "ge", "eq", "ne", "and", "or",
            "argmax", "argmin", "iota", "full", "random"}
@@ -135,13 +137,21 @@ def _mT(x: Any) -> Any:
     return E.transpose(x, perm)
 
 
-def _matmul_vjp(g: Any, a: Any, b: Any, out: Any) -> tuple:
+def _matmul_vjp(g: Any, a: Any, b: Any, out: Any, need: tuple = (True, True)) -> tuple:
     a2, b2, g2 = _as_matrix(a, b, g)
-    ga = E.matmul(g2, _mT(b2))
-    gb = E.matmul(_mT(a2), g2)
-    if ga.ndim > a.ndim + (a.ndim == 1):
-        ga = E.reduce_sum(ga, tuple(range(ga.ndim - 2)))
-    return E.reshape(ga, a.shape), E.reshape(gb, b.shape)
+    ga = gb = None
+    if need[0]:
+        ga = E.matmul(g2, _mT(b2))
+        if ga.ndim > a.ndim + (a.ndim == 1):
+            ga = E.reduce_sum(ga, tuple(range(ga.ndim - 2)))
+        ga = E.reshape(ga, a.shape)
+    if need[1]:
+        gb = E.reshape(E.matmul(_mT(a2), g2), b.shape)
+    return ga, gb
+
+
+def _mul_vjp(g: Any, x: Any, y: Any, out: Any, need: tuple = (True, True)) -> tuple:
+    return (_ub(g * y, x) if need[0] else None), (_ub(g * x, y) if need[1] else None)
 
 
 def _custom_vjp(gs: list, *xs: Any, out: Any, n_args: int, n_res: int, bwd: Any) -> tuple:
@@ -170,7 +180,7 @@ VJP.update({
     "neg": lambda g, x, out: (-g,),
     "add": lambda g, x, y, out: (_ub(g, x), _ub(g, y)),
     "sub": lambda g, x, y, out: (_ub(g, x), _ub(-g, y)),
-    "mul": lambda g, x, y, out: (_ub(g * y, x), _ub(g * x, y)),
+    "mul": _mul_vjp,
     "div": lambda g, x, y, out: (_ub(g / y, x), _ub(-g * out / y, y)),
     "pow": lambda g, x, y, out: (_ub(g * _pow_dx(x, y), x), _ub(g * _pow_dy(x, out), y)),
     "max": lambda g, x, y, out: tuple(map(_ub, _max_mask(g, x, y), (x, y))),

@@ -112,16 +112,27 @@ class Jitted:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs:
             return self._call_with_keywords(args, kwargs)
-        # Fast path: positional numpy arrays only, outside any trace: the key is their types.
-        if not self.static and current_builder() is None:
-            try:
+        # Fast path: numpy arrays (and static values) only, outside any trace: the key is the
+        # arrays' types and the static values.
+        fast = None
+        if current_builder() is None:
+            static = self.static
+            if not static:
                 fast = tuple([(a.shape, a.dtype) for a in args if type(a) is np.ndarray])
-            except AttributeError:
-                fast = None
+                dyn = args
+            elif static[-1] < len(args):
+                dyn = [a for i, a in enumerate(args) if i not in static]
+                fast = tuple([(a.shape, a.dtype) for a in dyn if type(a) is np.ndarray]
+                             + [args[i] for i in static])
             if fast is not None and len(fast) == len(args):
-                entry = self._fast.get(fast)
+                try:
+                    entry = self._fast.get(fast)
+                except TypeError:       # an unhashable static value: the slow path says so
+                    entry = fast = None
                 if entry is not None:
-                    return entry.unflatten(entry.run(args))
+                    return entry.unflatten(entry.run(dyn))
+            else:
+                fast = None
         leaves, svals, tree = self._split(args)
         if tracing([x for x in leaves]):
             return self.f(*args)     # inside another transform: trace through
@@ -129,8 +140,8 @@ class Jitted:
         entry = self.cache.get(key)
         if entry is None:
             entry = self._compile(args, key)
-            if not self.static and all(type(a) is np.ndarray for a in args):
-                self._fast[tuple((a.shape, a.dtype) for a in args)] = entry
+        if fast is not None:
+            self._fast[fast] = entry
         vals = [leaf_value(x, f"argument leaf {i}") for i, x in enumerate(leaves)]
         outs = entry.run(vals)
         return entry.unflatten(outs)

@@ -105,11 +105,18 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
         if not ir.is_float(out_dtype):
             raise TypeError(f"grad of {fname}: the output must be a float scalar, got "
                             f"{out_dtype}")
-        b = Builder("grad")
-        ins = [b.new_input(v.aval) for v in g.invars]
         cts = [ir.Lit(1.0, out_dtype)] + [None] * (n_out - 1)
-        outs, grads = ir.backward_pass(b, g, ins, cts, wrt)
-        res = _run(b.build(outs + grads), tf.captured, leaves)
+        outer = current_builder()
+        if outer is not None and outer.optimized_later:
+            # under jit: emit straight into its graph (optimised as a whole afterwards)
+            ins = [ir.Traced(outer, outer.atom(x)) for x in list(leaves) + tf.captured]
+            outs, grads = ir.backward_pass(outer, g, ins, cts, wrt)
+            res = outs + grads
+        else:
+            b = Builder("grad")
+            ins = [b.new_input(v.aval) for v in g.invars]
+            outs, grads = ir.backward_pass(b, g, ins, cts, wrt)
+            res = _run(b.build(outs + grads), tf.captured, leaves)
         out_vals, grad_vals = res[:n_out], res[n_out:]
         value = tree_unflatten(tf.out_tree, out_vals)
         per_arg, k = [], 0
