@@ -175,25 +175,28 @@ def _check_leaf(acc: AccumulateGrad) -> None:
 
 
 class CachedGraph:
-    """An optimised graph. With `config.tiering` it runs on the interpreter until the time
-    spent interpreting it approaches what compiling would cost, then compiles in a background
+    """A graph to run. With `config.tiering` it runs on the interpreter until the time spent
+    interpreting it approaches what compiling would cost, then compiles in a background
     thread and switches to native code when that is ready — so a program whose graph keeps
-    changing never waits on the compiler, and a hot one ends up native."""
-    __slots__ = ("graph", "spent", "fn", "extra", "future")
+    changing never waits on the compiler, and a hot one ends up native. An unoptimised graph
+    (`optimized=False`) is interpreted as it is and optimised only when it is compiled: for a
+    graph seen a few times, optimising costs more than it saves."""
+    __slots__ = ("graph", "spent", "fn", "extra", "future", "optimized")
 
-    def __init__(self, graph: ir.Graph, extra: Any = None):
+    def __init__(self, graph: ir.Graph, extra: Any = None, optimized: bool = True):
         self.graph = graph
         self.spent = 0.0
         self.fn = None
         self.extra = extra
         self.future = None
+        self.optimized = optimized
 
     def __call__(self, args: list) -> list:
         fn = self.fn
         if fn is not None:
             return fn(args)
         if not config.tiering or not has_backend():
-            self.fn = compile_graph(self.graph)
+            self.fn = self._compile()
             return self.fn(args)
         if self.future is not None:
             if self.future.done():
@@ -204,8 +207,11 @@ class CachedGraph:
         out = execute_interpreted(self.graph, args)
         self.spent += time.perf_counter() - t0
         if self.spent > COMPILE_SECONDS_PER_EQN * len(self.graph.eqns):
-            self.future = _compiler().submit(compile_graph, self.graph)
+            self.future = _compiler().submit(self._compile)
         return out
+
+    def _compile(self) -> Any:
+        return compile_graph(self.graph if self.optimized else ir.optimize(self.graph))
 
 
 _pool: list = []
@@ -457,4 +463,4 @@ def _backward_graph(w: Walk, roots: list) -> CachedGraph:
     fwd = ir.Graph(w.in_vars, [e for n in w.order for e in n.eqns], [t._var for t in roots])
     wrt = [i for i, g in enumerate(w.in_gsrc) if g is not None]
     outs, grads = ir.backward_pass(b, fwd, ins, cts, wrt)
-    return CachedGraph(ir.optimize(b.build(outs + grads)), wrt)
+    return CachedGraph(b.build(outs + grads), wrt, optimized=False)
