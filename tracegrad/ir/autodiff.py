@@ -9,6 +9,7 @@ from . import emit as E
 from .builder import Builder, Traced
 from .core import Eqn, Graph, Lit, Var, is_float
 from .ops import OPS
+from .passes import _frozen_params
 from .rules import JVP, PARTIAL_VJP, VJP
 
 
@@ -64,6 +65,94 @@ def _reaching(graph: Graph, wrt: Sequence[int]) -> set[int]:
     return live
 
 
+def _rule(e: Any, gs: list, ins: list, outs: list, need: tuple | None) -> Any:
+    if OPS[e.op].multi_out:
+        return VJP[e.op](gs, *ins, out=outs, **e.params)
+    if need is not None:
+        return VJP[e.op](gs[0], *ins, out=outs[0], need=need, **e.params)
+    return VJP[e.op](gs[0], *ins, out=outs[0], **e.params)
+
+
+# A VJP rule's IR depends only on the op, its params, the types of the cotangent, inputs and
+# output, which of them are the same value, and literal values: the equations it emitted for one
+# signature are copied for the next equation with that signature (a trace of a loop
+# differentiates each step the same way), instead of running the rule again.
+_TEMPLATES: dict[Any, Any] = {}
+_UNCACHED = {"custom_vjp_call"}     # runs user code
+
+
+def _vjp(b: Builder, e: Any, gs: list, ins: list, outs: list, need: tuple | None) -> Any:
+    if e.op in _UNCACHED or OPS[e.op].multi_out or b.weak_inputs:
+        return _rule(e, gs, ins, outs, need)
+    vals = [gs[0], *ins, outs[0]]
+    sig: list = []
+    first: dict[int, int] = {}
+    atoms = []
+    for t in vals:
+        if type(t) is not Traced or t.builder is not b:
+            return _rule(e, gs, ins, outs, need)
+        a = t.atom
+        atoms.append(a)
+        sig.append(a.key() if type(a) is Lit else (first.setdefault(a.id, len(first)), a.aval))
+    try:
+        key = (e.op, _frozen_params(e.params), tuple(sig), need)
+        tpl = _TEMPLATES.get(key)
+    except TypeError:   # params that cannot be hashed
+        return _rule(e, gs, ins, outs, need)
+    if tpl is None:
+        tpl = _record(e, atoms, sig, need)
+        if len(_TEMPLATES) > 4096:
+            _TEMPLATES.clear()
+        _TEMPLATES[key] = tpl
+    if tpl is False:
+        return _rule(e, gs, ins, outs, need)
+    in_ids, eqns, results = tpl
+    env = {}
+    for tid, a in zip(in_ids, atoms):
+        env.setdefault(tid, a)
+    source = b.source_override
+    emitted = b.eqns
+    for te in eqns:
+        new_outs = [Var(v.aval) for v in te.outvars]
+        emitted.append(Eqn(te.op, [a if type(a) is Lit else env[a.id] for a in te.inputs],
+                           new_outs, te.params, source))
+        for v, o in zip(te.outvars, new_outs):
+            env[v.id] = o
+    return tuple(None if r is None else Traced(b, r if type(r) is Lit else env[r.id])
+                 for r in results)
+
+
+def _record(e: Any, atoms: list, sig: list, need: tuple | None) -> Any:
+    """Run the rule in a scratch builder: (template input var id per value, equations,
+    results), or False when its IR cannot be replayed (constants, captured values)."""
+    tb = Builder("vjp-rule")
+    by_pos: dict[int, Traced] = {}
+    vals, in_ids = [], []
+    for a, s in zip(atoms, sig):
+        if type(a) is Lit:
+            vals.append(Traced(tb, a))
+            in_ids.append(None)
+            continue
+        t = by_pos.get(s[0])
+        if t is None:
+            t = by_pos[s[0]] = tb.new_input(a.aval)
+        vals.append(t)
+        in_ids.append(t.atom.id)
+    with tb.active():
+        grads = _rule(e, vals[:1], vals[1:-1], vals[-1:], need)
+    if tb.constvars or tb.captured:
+        return False
+    results = []
+    for g in grads:
+        if g is None:
+            results.append(None)
+        elif type(g) is Traced and g.builder is tb:
+            results.append(g.atom)
+        else:
+            return False
+    return in_ids, tb.eqns, results
+
+
 def backward_pass(b: Builder, graph: Graph, args: Sequence[Any], cts: Sequence[Any],
                   wrt: Sequence[int]) -> tuple[list[Traced], list[Traced]]:
     """Emit into `b` the forward values of `graph` on `args` and the gradients, w.r.t. the
@@ -88,13 +177,9 @@ def backward_pass(b: Builder, graph: Graph, args: Sequence[Any], cts: Sequence[A
             outs_e = [env[v.id] for v in e.outvars]
             b.source_override = f"{e.source or '?'} (backward of {e.op})"
             try:
-                if OPS[e.op].multi_out:
-                    grads = VJP[e.op](gs, *ins, out=outs_e, **e.params)
-                elif e.op in PARTIAL_VJP:
-                    need = tuple(type(a) is not Lit and a.id in live for a in e.inputs)
-                    grads = VJP[e.op](gs[0], *ins, out=outs_e[0], need=need, **e.params)
-                else:
-                    grads = VJP[e.op](gs[0], *ins, out=outs_e[0], **e.params)
+                need = tuple(type(a) is not Lit and a.id in live for a in e.inputs) \
+                    if e.op in PARTIAL_VJP else None
+                grads = _vjp(b, e, gs, ins, outs_e, need)
                 # summing into an input used twice is part of this equation's backward
                 for a, g in zip(e.inputs, grads):
                     if g is not None and not isinstance(a, Lit) and a.id in live:

@@ -36,6 +36,15 @@ def _expand(index: Any, ndim: int) -> list[Any]:
 
 @op("Index")
 def getitem(x: Any, index: Any) -> Any:
+    if type(index) is int and type(x) is Traced and x.shape:   # x[t]: the common case
+        shape = x.shape
+        n = shape[0]
+        if not -n <= index < n:
+            raise IndexError(f"index {index} is out of bounds for axis 0 with size {n}")
+        i = index % n
+        y = E.slice_(x, ((i, i + 1, 1),) + tuple((0, d, 1) for d in shape[1:])) \
+            if n != 1 else x
+        return E.reshape(y, shape[1:])
     shape = tuple(E.shape_of(x))
     items = _expand(index, len(shape))
     slices: list[tuple[int, int, int]] = []
