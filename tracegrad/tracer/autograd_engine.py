@@ -10,9 +10,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..ir.builder import Traced
-from ..ir.core import Lit, is_float
-from ..ir.ops import OPS
-from ..ir.rules import VJP
+from ..ir.core import is_float
+from .autograd_compose import vjp_walk
 from .autograd_exec import fast_backward, realize
 from .autograd_graph import AccumulateGrad, Node, check_saved, hook_name
 from .grad_mode import mode
@@ -363,8 +362,8 @@ def apply_op_backward(n: Node, gouts: list, create: bool) -> list:
         else:
             env = {}
         gs, subs = xs[:len(gts)], xs[len(gts):]
-        return _vjp_walk(n, b, env, dict(zip(g_idx, gs, strict=True)),
-                         dict(zip(sub_ids, subs, strict=True)), create)
+        return vjp_walk(n.eqns, n.args, n.out_vars, b, env, dict(zip(g_idx, gs, strict=True)),
+                        dict(zip(sub_ids, subs, strict=True)), create)
 
     extra = ()
     if create:
@@ -411,48 +410,3 @@ def _shadow(entry: tuple) -> Tensor:
         t._rg = True
         t._extra()["acc"] = weakref.ref(gsrc)
     return t
-
-
-def _vjp_walk(n: Node, b: Any, env: dict, gouts: dict, subst: dict, create: bool) -> list:
-    """Emit the reverse pass of `n`'s equations; `env` maps forward vars to values (empty:
-    read the recorded vars themselves), `subst` replaces saved values by unpacked ones."""
-    def read(a: Any) -> Traced:
-        if isinstance(a, Lit):
-            return Traced(b, a)
-        t = subst.get(a.id)
-        if t is None:
-            t = env.get(a.id)
-        return t if t is not None else Traced(b, a)
-
-    if create:      # recompute the forward from the stand-ins, so its IR is differentiable
-        for e in n.eqns:
-            outs = b.emit(e.op, [read(a).atom for a in e.inputs], e.params, e.source)
-            for v, o in zip(e.outvars, outs, strict=False):
-                env[v.id] = Traced(b, o)
-    live = {e[0].id for e in n.args
-            if e[0] is not None and e[1] is not None and is_float(e[0].aval.dtype)}
-    for e in n.eqns:
-        if e.op != "stop_gradient" and any(not isinstance(a, Lit) and a.id in live
-                                           for a in e.inputs):
-            live.update(v.id for v in e.outvars if is_float(v.aval.dtype))
-    ct: dict[int, Traced] = {}
-    for i, g in gouts.items():
-        v = n.out_vars[i]
-        if v.id in live:
-            ct[v.id] = g
-    for e in reversed(n.eqns):
-        gs = [ct.pop(v.id, None) for v in e.outvars]
-        if all(g is None for g in gs):
-            continue
-        ins = [read(a) for a in e.inputs]
-        outs = [read(v) for v in e.outvars]
-        b.source_override = f"{e.source or '?'} (backward of {e.op})"
-        if OPS[e.op].multi_out:
-            grads = VJP[e.op](gs, *ins, out=outs, **e.params)
-        else:
-            grads = VJP[e.op](gs[0], *ins, out=outs[0], **e.params)
-        for a, g in zip(e.inputs, grads, strict=False):
-            if g is not None and not isinstance(a, Lit) and a.id in live:
-                ct[a.id] = g if a.id not in ct else ct[a.id] + g
-    return [ct.get(v.id) if v is not None and g is not None else None
-            for v, g, _ in n.args]

@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import ir
 from ..ir.core import Var
+from .autograd_compose import NoTemplate, compose
 from .autograd_graph import AccumulateGrad, Node, check_saved
 from ..config import config
 from . import executor
@@ -457,6 +458,11 @@ def _first_var_id(n: Node) -> int:
 
 
 def _backward_graph(w: Walk, roots: list) -> CachedGraph:
+    try:
+        graph, wrt = compose(w.order, w.in_vars, w.in_gsrc, roots)
+        return CachedGraph(graph, wrt, optimized=False)
+    except NoTemplate:
+        pass
     b = ir.Builder("backward")
     ins = [b.new_input(v.aval) for v in w.in_vars]
     cts = [b.new_input(t._var.aval) for t in roots]

@@ -100,7 +100,7 @@ class Node:
     def __init__(self, eqns: list | None, args: list, out_vars: list, grad: bool,
                  name: str = "", tpl: tuple | None = None):
         self._eqns = eqns
-        self.tpl = tpl          # (template, source): equations made when first asked for
+        self.tpl = tpl          # (template, source) of a node recorded from a template
         self.args = args
         self.out_vars = out_vars
         self.grad = grad
@@ -124,7 +124,6 @@ class Node:
         if eqns is None:
             eqns = self._eqns = instantiate(self.tpl[0], self.args, self.out_vars,
                                             self.tpl[1])
-            self.tpl = None
         return eqns
 
     def has_eqns(self) -> bool:

@@ -500,7 +500,7 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
         entries.extend(deps)
     requires = grad_on and any(e[1] is not None for e in entries)
     node = Node(eqns, entries, [v for v in out_vars if v is not None], False,
-                tpl=None if eqns is not None else (tpl, source))
+                tpl=None if sig is None else (tpl, source))
     results = _results(node, out_vars, requires)
     if sig is not None:
         node.sig = 2 * tpl[4] + node.grad
@@ -543,6 +543,18 @@ def _fast_key(fn: Callable, name: str, args: tuple) -> tuple | None:
     scalars (the common case), as a flat tuple: `fn`, `name`, then per argument either the
     index of the earlier tensor it repeats, a tensor's shape and dtype, or a scalar's (type,
     value). Returns (key, the distinct tensors) or None."""
+    if len(args) == 2:      # binary ops on two tensors: the commonest case, made direct
+        a, b = args
+        if isinstance(a, Tensor) and isinstance(b, Tensor):
+            va, vb = a._var, b._var
+            if va is vb:
+                aval = va.aval
+                return (fn, name, aval.shape, aval.dtype, 0), [a]
+            aa, ab = va.aval, vb.aval
+            return (fn, name, aa.shape, aa.dtype, ab.shape, ab.dtype), [a, b]
+    elif len(args) == 1 and isinstance(args[0], Tensor):
+        aval = args[0]._var.aval
+        return (fn, name, aval.shape, aval.dtype), list(args)
     key: list = [fn, name]
     tensors: list = []
     for a in args:
