@@ -92,20 +92,40 @@ def execute(graph: ir.Graph, args: Sequence[Any]) -> list[np.ndarray]:
     return out
 
 
+# Looking a cold graph up in the compile caches needs it optimised and hashed, which costs about
+# as much as interpreting it a few times. Tiered graphs look up while lookups are paying off:
+# always after a hit, and for the first few graphs of a process (a cold cache never hits).
+LOOKUP_TRIES = 3
+_lookups = {"hits": 0, "misses": 0}
+
+
 class Tiered:
     """A callable running one graph: interpreted until hot (see the module docstring), then
-    native. `.executable` compiles at once (for `.lower()` and dumps)."""
-    __slots__ = ("graph", "spent", "native")
+    native. `.executable` compiles at once (for `.lower()` and dumps). An unoptimised graph
+    (`optimized=False`) is interpreted as it is and optimised when it is looked up or
+    compiled."""
+    __slots__ = ("graph", "spent", "native", "optimized")
 
-    def __init__(self, graph: ir.Graph):
+    def __init__(self, graph: ir.Graph, optimized: bool = True):
         self.graph = graph
         self.spent = 0.0
-        self.native = _backend["lookup"](graph)
+        self.optimized = optimized
+        self.native = None
+        if optimized or _lookups["hits"] or _lookups["misses"] < LOOKUP_TRIES:
+            self.native = _backend["lookup"](self.optimized_graph)
+            _lookups["hits" if self.native is not None else "misses"] += 1
+
+    @property
+    def optimized_graph(self) -> ir.Graph:
+        if not self.optimized:
+            self.graph = ir.optimize(self.graph)
+            self.optimized = True
+        return self.graph
 
     @property
     def executable(self) -> Any:
         if self.native is None:
-            self.native = _native(self.graph)
+            self.native = _native(self.optimized_graph)
         return self.native
 
     def __call__(self, args: Sequence[Any]) -> list[np.ndarray]:
@@ -122,13 +142,16 @@ class Tiered:
         return out
 
 
-def compile_graph(graph: ir.Graph, tiered: bool = False
+def compile_graph(graph: ir.Graph, tiered: bool = False, optimized: bool = True
                   ) -> Callable[[Sequence[Any]], list[np.ndarray]]:
     """A callable running `graph`: native code when a backend exists, else the interpreter.
-    `tiered`: interpret until hot (when `config.tiering` is on and the cache lacks it)."""
+    `tiered`: interpret until hot (when `config.tiering` is on and the cache lacks it).
+    `optimized=False`: `graph` is not optimised yet (done here when it is needed)."""
     if "compile" in _backend and not config.disable_jit:
         if tiered and _tiered(graph):
-            return Tiered(graph)
+            return Tiered(graph, optimized)
+        if not optimized:
+            graph = ir.optimize(graph)
         native = _native(graph)
 
         def run(args):
@@ -136,5 +159,10 @@ def compile_graph(graph: ir.Graph, tiered: bool = False
                 return _interpret(graph, args)
             return native(list(args))
         run.executable = native
+        run.graph = graph
         return run
-    return lambda args: _interpret(graph, args)
+    if not optimized:
+        graph = ir.optimize(graph)
+    run = lambda args: _interpret(graph, args)    # noqa: E731
+    run.graph = graph
+    return run

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import ir
 from ..config import config
-from .executor import compile_graph
+from .executor import Tiered, compile_graph
 from .pytree import TreeDef, tree_flatten, unflattener
 from ..ir.builder import current_builder
 from .trace import leaf_value, trace, tracing
@@ -21,12 +21,17 @@ log = logging.getLogger("tracegrad")
 
 @dataclass
 class _Entry:
-    graph: ir.Graph
     out_tree: TreeDef
     run: Callable
 
     def __post_init__(self) -> None:
         self.unflatten = unflattener(self.out_tree)
+
+    @property
+    def graph(self) -> ir.Graph:
+        """The optimised graph (a tiered entry optimises it now if it has not yet)."""
+        run = self.run
+        return run.optimized_graph if isinstance(run, Tiered) else run.graph
 
 
 def _leaf_key(x: Any) -> Any:
@@ -159,15 +164,14 @@ class Jitted:
     def _compile(self, args: tuple, key: Any) -> _Entry:
         t0 = time.perf_counter()
         tf, _ = trace(self.f, args, self.static, optimized_later=True)
-        graph = ir.optimize(tf.graph)
         # Like JAX, the first signature compiles on the first call. A function that retraces
         # (static arguments, or a second signature) is tiered: new signatures run on the
         # interpreter until hot. bench `dynamic` (RNN, 11 lengths over 60 calls): a compile
         # per length (0.31-0.50 s each, measured) would cost 57-92 ms/iter; tiered, the run
         # measured 7.6 ms/iter.
         tiered = bool(self.static) or bool(self.cache)
-        run = compile_graph(graph, tiered=tiered)
-        entry = _Entry(graph, tf.out_tree, run)
+        run = compile_graph(tf.graph, tiered=tiered, optimized=False)
+        entry = _Entry(tf.out_tree, run)
         if config.log_compiles:
             reason = self._miss_reason(key)
             log.warning("jit: compiled %s in %.1f ms%s", getattr(self.f, "__name__", "fn"),
