@@ -116,9 +116,8 @@ def compose(order: list, in_vars: list, in_gsrc: list, roots: list) -> tuple[ir.
             raise NoTemplate
         ne = n.eqns
         eqns.extend(ne)
-        te = tpl[0]
-        env = {i: e[0] for i, e in zip(te[0], n.args, strict=False)}
-        for t, e in zip(te[1], ne, strict=True):
+        env = {i: e[0] for i, e in zip(tpl[0], n.args, strict=False)}
+        for t, e in zip(tpl[1], ne, strict=True):
             for tv, v in zip(t.outvars, e.outvars, strict=True):
                 env[tv.id] = v
         envs.append(env)
@@ -142,7 +141,7 @@ def compose(order: list, in_vars: list, in_gsrc: list, roots: list) -> tuple[ir.
         gouts = [ct.pop(v.id, None) for v in n.out_vars]
         if all(g is None for g in gouts):
             continue
-        tpl, source = n.tpl
+        tpl, source = n.tpl, n.src
         needs = tuple(e[1] is not None and is_float(e[0].aval.dtype) for e in n.args)
         has_ct = tuple(g is not None for g in gouts)
         key = (tpl[4], needs, has_ct)

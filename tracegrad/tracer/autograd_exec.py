@@ -400,9 +400,9 @@ def grad_walk(roots: list[Node]) -> Walk | None:
     w = Walk()
     slots = w.slots
     in_vars, in_vals, in_gsrc = w.in_vars, w.in_vals, w.in_gsrc
-    reaching = w.reaching
     index = w.index
     key = w.key
+    order = w.order
     for n in nodes:
         if n.tensor_hooks or n.retains or n.pre_hooks or n.post_hooks or n.leaf_chain \
                 or n.fn_ctx is not None and type(n.fn_ctx) is not dict:
@@ -417,39 +417,41 @@ def grad_walk(roots: list[Node]) -> Walk | None:
                 key.append(-1 - (sub << 16 | pos) if pos < 65536 else (sub, pos))
                 continue
             k = slots.get(var.id)
-            if k is None:
-                if gsrc is None:
-                    if var.id in reaching:
-                        raise Bail    # a no-grad use of a differentiable value
-                    val = vsrc if type(vsrc) is not Node else _cached(vsrc, var)
-                elif type(gsrc) is AccumulateGrad:
-                    if gsrc.post_hooks or gsrc.variable._get("hooks"):
-                        return None
-                    val = vsrc if type(vsrc) is not Node else _cached(vsrc, var)
-                    if val is None:
-                        return None     # a pending leaf value
-                    reaching.add(var.id)
-                else:
+            if gsrc is None:
+                if k is not None and in_gsrc[k] is not None or type(vsrc) is Node and \
+                        vsrc.grad and id(vsrc) in index:
+                    raise Bail    # a no-grad use of a differentiable value
+                if k is None:
+                    k = slots[var.id] = len(in_vars)
+                    in_vars.append(var)
+                    in_vals.append(vsrc if type(vsrc) is not Node else _cached(vsrc, var))
+                    in_gsrc.append(None)
+            elif k is None:
+                if type(gsrc) is not AccumulateGrad or gsrc.post_hooks or \
+                        gsrc.variable._get("hooks"):
                     return None
+                val = vsrc if type(vsrc) is not Node else _cached(vsrc, var)
+                if val is None:
+                    return None     # a pending leaf value
                 k = slots[var.id] = len(in_vars)
                 in_vars.append(var)
                 in_vals.append(val)
                 in_gsrc.append(gsrc)
-            elif gsrc is None and var.id in reaching:
-                raise Bail
             key.append(k)
-        index[id(n)] = len(w.order)
-        w.order.append(n)
+        index[id(n)] = len(order)
+        order.append(n)
         if n.grad:
-            for v in n.out_vars:
-                reaching.add(v.id)
-            if not n.has_eqns():
+            if not (n._eqns if n._eqns is not None else n.tpl[1]):
                 return None
-            if n.saved:
-                for sv in n.saved:
+            saved = n.saved
+            if saved:
+                if n.freed:
+                    check_saved(n)      # raises
+                for sv in saved:
                     if sv.unpack is not None:
                         return None
-                check_saved(n)
+                    if sv.vc[0] != sv.version:
+                        check_saved(n)      # raises
     return w
 
 

@@ -93,14 +93,15 @@ class SavedTensor:
 
 class Node:
     """One recorded Tensor op. When it requires grad it is the `grad_fn` of its outputs."""
-    __slots__ = ("_eqns", "tpl", "args", "out_vars", "values", "name_", "grad", "saved",
-                 "freed", "pre_hooks", "post_hooks", "tensor_hooks", "retains", "fn_ctx",
-                 "leaf_chain", "sig", "__weakref__")
+    __slots__ = ("_eqns", "tpl", "src", "args", "out_vars", "values", "name_", "grad",
+                 "saved", "freed", "pre_hooks", "post_hooks", "tensor_hooks", "retains",
+                 "fn_ctx", "leaf_chain", "sig", "__weakref__")
 
     def __init__(self, eqns: list | None, args: list, out_vars: list, grad: bool,
-                 name: str = "", tpl: tuple | None = None):
+                 name: str = "", tpl: tuple | None = None, src: str | None = None):
         self._eqns = eqns
-        self.tpl = tpl          # (template, source) of a node recorded from a template
+        self.tpl = tpl          # the template a node was recorded from (tensor.record)
+        self.src = src          # the user's line that recorded it
         self.args = args
         self.out_vars = out_vars
         self.grad = grad
@@ -122,13 +123,12 @@ class Node:
         asked: a graph recognised by its signatures never needs them."""
         eqns = self._eqns
         if eqns is None:
-            eqns = self._eqns = instantiate(self.tpl[0], self.args, self.out_vars,
-                                            self.tpl[1])
+            eqns = self._eqns = instantiate(self.tpl, self.args, self.out_vars, self.src)
         return eqns
 
     def has_eqns(self) -> bool:
         eqns = self._eqns
-        return bool(eqns) if eqns is not None else bool(self.tpl[0][1])
+        return bool(eqns) if eqns is not None else bool(self.tpl[1])
 
     @eqns.setter
     def eqns(self, eqns: list) -> None:

@@ -499,8 +499,8 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
     if deps:
         entries.extend(deps)
     requires = grad_on and any(e[1] is not None for e in entries)
-    node = Node(eqns, entries, [v for v in out_vars if v is not None], False,
-                tpl=None if sig is None else (tpl, source))
+    node = Node(eqns, entries, [v for v in out_vars if v is not None], False, "",
+                None if sig is None else tpl, source)
     results = _results(node, out_vars, requires)
     if sig is not None:
         node.sig = 2 * tpl[4] + node.grad
@@ -513,8 +513,11 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
         node.name_ = gname
         _save(node, name, args, results[0])
     if key is not None and sig is not None:
+        touts = tpl[2]
+        single = len(touts) == 1 and touts[0] is not None
         _fast[key] = (tpl, _names.get((name, sig)) or _grad_name(name, args, kwargs),
-                      bool(SAVED.get(name)))
+                      SAVED.get(name), touts[0].aval if single else None,
+                      single and touts[0].aval.dtype.kind == "f", 2 * tpl[4])
     if not multi:
         return results[0]
     out_type = tpl[3] if tpl is not None else out_type
@@ -581,10 +584,10 @@ _SCALARS = (float, int, bool)
 
 def _replay(hit: tuple, name: str, args: tuple, tensors: list, grad: bool) -> Any:
     """Record an op whose fast key was seen before: no IR is made until it is needed."""
-    tpl, gname, saves = hit
+    tpl, gname, saves, aval, float_out, sig = hit
     entries = []
     requires = False
-    if mode.grad and grad:
+    if grad and mode.grad:
         for a in tensors:
             gsrc = a._fn
             if gsrc is None and a._rg:
@@ -597,28 +600,33 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: list, grad: bool) -> An
         for a in tensors:
             val = a._value
             entries.append((a._var, None, val if val is not None else a._node))
-    touts = tpl[2]
-    if len(touts) == 1:
-        v = Var(touts[0].aval)
-        out_vars = [v]
-        node = Node(None, entries, out_vars, False, tpl=(tpl, _user_line(3)))
-        if requires and v.aval.dtype.kind == "f":
-            node.grad = True
-            results = [Tensor._from_var(v, node, node)]
-        else:
-            results = [Tensor._from_var(v, node, None)]
-        if mode.inference:
-            results[0]._x = {"inference": True}
-    else:
-        out_vars = _out_vars(touts)
-        node = Node(None, entries, [v for v in out_vars if v is not None], False,
-                    tpl=(tpl, _user_line(3)))
+    if aval is None:
+        out_vars = _out_vars(tpl[2])
+        node = Node(None, entries, [v for v in out_vars if v is not None], False, "", tpl,
+                    _user_line(3))
         results = _results(node, out_vars, requires)
-    node.sig = 2 * tpl[4] + node.grad
+    else:       # one output: made here directly
+        v = Var(aval)
+        node = Node(None, entries, [v], False, "", tpl, _user_line(3))
+        t = _new(Tensor)
+        t._var = v
+        t._value = None
+        t._node = node
+        t._vc = [0]
+        t._x = {"inference": True} if mode.inference else None
+        if requires and float_out:
+            node.grad = True
+            t._fn = node
+            t._rg = True
+        else:
+            t._fn = None
+            t._rg = False
+        results = [t]
+    node.sig = sig + node.grad
     if node.grad:
         node.name_ = gname
         if saves:
-            _save(node, name, args, results[0])
+            _save(node, name, args, results[0], saves)
         else:
             node.saved = []
     out_type = tpl[3]
@@ -721,12 +729,15 @@ def _needs_grad(a: Any) -> bool:
     return isinstance(a, Tensor) and a._rg
 
 
-def _save(node: Node, name: str, args: tuple, result: Tensor | None) -> None:
-    slots = SAVED.get(name)
-    if not slots:
-        node.saved = []
-        return
-    hooks = mode.saved_hooks[-1] if mode.saved_hooks else None
+def _save(node: Node, name: str, args: tuple, result: Tensor | None,
+          slots: tuple | None = None) -> None:
+    if slots is None:
+        slots = SAVED.get(name)
+        if not slots:
+            node.saved = []
+            return
+    hooks = mode.saved_hooks
+    hooks = hooks[-1] if hooks else None
     saved = []
     for s in slots:
         if s == "result":
