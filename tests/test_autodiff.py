@@ -401,3 +401,46 @@ def test_replayed_vjp_rules_emit_what_the_rules_emit(f, monkeypatch):
     args = [x, w, np.float64(1.0)]
     for got, ref in zip(ir.interpret(replayed, args), ir.interpret(direct, args)):
         np.testing.assert_array_equal(got, ref)
+
+
+def _rnn(w, u, xs):
+    h = tg.zeros((2, 4), dtype=w.dtype)
+    for t in range(xs.shape[0]):
+        h = tg.tanh(h @ w + xs[t] @ u)
+    return tg.sum(h * h)
+
+
+def test_loop_weight_gradients_are_summed_as_one_matmul(monkeypatch):
+    """A weight used at every step gets one concatenated GEMM for its gradient, not T
+    products and T-1 additions; same values as summing them one by one."""
+    from tracegrad import ir
+    from tracegrad.ir import autodiff
+    w, u = rand(4, 4, seed=1) / 2, rand(3, 4, seed=2) / 2
+    xs = rand(6, 2, 3, seed=3)
+    graph = ir.optimize(ir.vjp_graph(tg.make_ir(_rnn)(w, u, xs), [0, 1]))
+    ops = [e.op for e in graph.eqns]
+    # h^T and x^T, and the g_t (shared by both gradients after CSE)
+    assert ops.count("concatenate") == 3
+    # h@w and x@u per step, g@w^T for steps 1..5 (h_0 is a constant), one GEMM per weight
+    assert ops.count("matmul") == 2 * 6 + 5 + 2
+    check_grads(_rnn, (w, u, xs), modes=("rev",))
+    merged = tg.grad(_rnn, argnums=(0, 1))(w, u, xs)
+    monkeypatch.setattr(autodiff._Sums, "_merge", lambda self, terms: terms)
+    one_by_one = tg.grad(_rnn, argnums=(0, 1))(w, u, xs)
+    for a, b in zip(merged, one_by_one):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_gradient_used_twice_is_not_merged_away():
+    """A matmul's gradient read by two sums keeps its equation (the merge only takes
+    contributions nobody else reads)."""
+    w = rand(3, 3, seed=5)
+
+    def f(w):
+        h = tg.ones((1, 3), dtype=w.dtype)
+        outs = []
+        for _ in range(4):
+            h = h @ w
+            outs.append(h + 0.0 * h)
+        return tg.sum(tg.concatenate(outs, axis=0) ** 2)
+    check_grads(f, (w,), modes=("rev",), order=2)

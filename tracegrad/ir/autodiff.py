@@ -161,37 +161,88 @@ def backward_pass(b: Builder, graph: Graph, args: Sequence[Any], cts: Sequence[A
         env = forward_values(b, graph, args)
         outs = [_read(b, env, a) for a in graph.outvars]
         live = _reaching(graph, wrt)
-        ct: dict[int, Traced] = {}
-
-        def accumulate(var_id: int, g: Traced) -> None:
-            ct[var_id] = g if var_id not in ct else ct[var_id] + g
-
+        sums = _Sums(b)
         for a, g in zip(graph.outvars, cts):
             if g is not None and not isinstance(a, Lit) and a.id in live:
-                accumulate(a.id, g if isinstance(g, Traced) else Traced(b, b.atom(g)))
+                sums.add(a.id, g if isinstance(g, Traced) else Traced(b, b.atom(g)))
         for e in reversed(graph.eqns):
-            gs = [ct.pop(v.id, None) for v in e.outvars]
-            if all(g is None for g in gs):
+            if not any(v.id in sums.terms for v in e.outvars):
                 continue
-            ins = [_read(b, env, a) for a in e.inputs]
-            outs_e = [env[v.id] for v in e.outvars]
             b.source_override = f"{e.source or '?'} (backward of {e.op})"
             try:
+                gs = [sums.pop(v.id) for v in e.outvars]
+                ins = [_read(b, env, a) for a in e.inputs]
+                outs_e = [env[v.id] for v in e.outvars]
                 need = tuple(type(a) is not Lit and a.id in live for a in e.inputs) \
                     if e.op in PARTIAL_VJP else None
+                n_before = len(b.eqns)
                 grads = _vjp(b, e, gs, ins, outs_e, need)
-                # summing into an input used twice is part of this equation's backward
+                sums.note_matmuls(n_before)
                 for a, g in zip(e.inputs, grads):
                     if g is not None and not isinstance(a, Lit) and a.id in live:
-                        accumulate(a.id, g)
+                        sums.add(a.id, g)
             finally:
                 b.source_override = None
         grads = []
         for i in wrt:
             v = graph.invars[i]
-            g = ct.get(v.id)
+            g = sums.pop(v.id)
             grads.append(g if g is not None else E.full(v.aval.shape, 0, v.aval.dtype))
+        sums.drop_merged()
     return outs, grads
+
+
+class _Sums:
+    """The gradient contributions to each variable, summed when the variable's gradient is
+    needed. Contributions made by 2-d matmuls (a weight used at every step of a loop gets
+    `h_t^T @ g_t` per step) are summed as one matmul of the concatenated operands: T rank-1
+    products and T-1 additions become two concatenations and one GEMM with K = T."""
+
+    def __init__(self, b: Builder):
+        self.b = b
+        self.terms: dict[int, list[Traced]] = {}
+        self.uses: dict[int, int] = {}          # contribution var id -> times contributed
+        self.matmuls: dict[int, Eqn] = {}       # var id -> the 2-d matmul (backward) making it
+        self.merged: set[int] = set()           # id() of matmul equations merged away
+
+    def add(self, var_id: int, g: Traced) -> None:
+        self.terms.setdefault(var_id, []).append(g)
+        if type(g.atom) is Var:
+            self.uses[g.atom.id] = self.uses.get(g.atom.id, 0) + 1
+
+    def note_matmuls(self, start: int) -> None:
+        for e in self.b.eqns[start:]:
+            if e.op == "matmul" and len(e.inputs[0].aval.shape) == 2 \
+                    and len(e.inputs[1].aval.shape) == 2:
+                self.matmuls[e.outvars[0].id] = e
+
+    def pop(self, var_id: int) -> Traced | None:
+        terms = self.terms.pop(var_id, None)
+        if terms is None:
+            return None
+        if len(terms) > 2:
+            terms = self._merge(terms)
+        total = terms[0]
+        for t in terms[1:]:
+            total = total + t
+        return total
+
+    def _merge(self, terms: list[Traced]) -> list[Traced]:
+        b = self.b
+        made = [t for t in terms if t.builder is b and type(t.atom) is Var
+                and t.atom.id in self.matmuls and self.uses.get(t.atom.id) == 1]
+        if len(made) < 3:
+            return terms
+        eqns = [self.matmuls[t.atom.id] for t in made]
+        lhs = E.concatenate([Traced(b, e.inputs[0]) for e in eqns], 1)
+        rhs = E.concatenate([Traced(b, e.inputs[1]) for e in eqns], 0)
+        self.merged.update(id(e) for e in eqns)
+        merged = {id(t) for t in made}
+        return [E.matmul(lhs, rhs)] + [t for t in terms if id(t) not in merged]
+
+    def drop_merged(self) -> None:
+        if self.merged:
+            self.b.eqns[:] = [e for e in self.b.eqns if id(e) not in self.merged]
 
 
 def vjp_graph(graph: Graph, wrt: Sequence[int] | None = None) -> Graph:
