@@ -10,7 +10,8 @@ from typing import Any
 
 from .. import ir
 from ..ir.builder import Traced
-from ..ir.core import Eqn, Lit, Var, is_float
+from ..ir.core import Aval, Eqn, Lit, Var, is_float
+from .autograd_graph import instantiate
 from ..ir.ops import OPS
 from ..ir.rules import VJP
 
@@ -108,41 +109,61 @@ def _backward_template(tpl: tuple, needs: tuple, has_ct: tuple) -> tuple | None:
 def compose(order: list, in_vars: list, in_gsrc: list, roots: list) -> tuple[ir.Graph, list]:
     """(graph, wrt): the graph (inputs..., root cotangents...) -> (roots..., gradients of
     the inputs `wrt`), from the nodes `order` (a grad_walk's)."""
-    eqns: list = []
-    envs = []
-    for n in order:
+    c = _Composer()
+    envs = [c.forward(n) for n in order]
+    ct_in = [Var(t._var.aval) for t in roots]
+    for t, g in zip(roots, ct_in, strict=True):
+        c.add(t._var, g)
+    for n, env in zip(reversed(order), reversed(envs), strict=True):
+        c.backward(n, env)
+    wrt = [i for i, g in enumerate(in_gsrc) if g is not None]
+    outs = [t._var for t in roots]
+    for i in wrt:
+        v = in_vars[i]
+        g = c.total(v)
+        if g is None:
+            g = Var(v.aval)
+            c.eqns.append(Eqn("full", [], [g], {"shape": v.aval.shape, "value": 0,
+                                                 "dtype": v.aval.dtype}, None))
+        outs.append(g)
+    return ir.Graph(list(in_vars) + ct_in, c.finish(outs), outs), wrt
+
+
+class _Composer:
+    """The equations of one composed graph, and the gradient contributions not yet summed."""
+
+    def __init__(self) -> None:
+        self.eqns: list[Eqn] = []
+        self.terms: dict[int, list] = {}    # var id -> gradient contributions
+        self.shared: dict[tuple, list] = {}  # (template equation, inputs) -> outputs
+        self.sources: dict[tuple, str] = {}
+        self.matmuls: dict[int, Eqn] = {}   # var id -> the 2-d matmul making a contribution
+        self.merged: set[int] = set()       # ids of matmul equations summed by a merge
+
+    def forward(self, n: Any) -> dict:
+        """Append node `n`'s equations; returns its template variable id -> variable."""
         tpl = n.tpl
         if tpl is None:
             raise NoTemplate
-        ne = n.eqns
-        eqns.extend(ne)
-        env = {i: e[0] for i, e in zip(tpl[0], n.args, strict=False)}
-        for t, e in zip(tpl[1], ne, strict=True):
-            for tv, v in zip(t.outvars, e.outvars, strict=True):
-                env[tv.id] = v
-        envs.append(env)
-    ct_in = [Var(t._var.aval) for t in roots]
-    ct: dict[int, Any] = {}
-    seen: dict[tuple, list] = {}    # (template equation, inputs) -> outputs, for pure ones
-
-    def accumulate(var: Var, g: Any, source: str | None) -> None:
-        if type(g) is Lit:
-            raise NoTemplate
-        prev = ct.get(var.id)
-        if prev is None:
-            ct[var.id] = g
+        env: dict = {}
+        ne = n._eqns
+        if ne is None:
+            ne = n._eqns = instantiate(tpl, n.args, n.out_vars, n.src, env)
         else:
-            s = Var(var.aval)
-            eqns.append(Eqn("add", [prev, g], [s], {}, source))
-            ct[var.id] = s
-    for t, c in zip(roots, ct_in, strict=True):
-        accumulate(t._var, c, None)
-    for n, env in zip(reversed(order), reversed(envs), strict=True):
-        gouts = [ct.pop(v.id, None) for v in n.out_vars]
+            env.update((i, e[0]) for i, e in zip(tpl[0], n.args, strict=False))
+            for t, e in zip(tpl[1], ne, strict=True):
+                for tv, v in zip(t.outvars, e.outvars, strict=True):
+                    env[tv.id] = v
+        self.eqns.extend(ne)
+        return env
+
+    def backward(self, n: Any, env: dict) -> None:
+        """Append the reverse pass of node `n` (whose outputs' gradients are complete)."""
+        gouts = [self.total(v) for v in n.out_vars]
         if all(g is None for g in gouts):
-            continue
+            return
         tpl, source = n.tpl, n.src
-        needs = tuple(e[1] is not None and is_float(e[0].aval.dtype) for e in n.args)
+        needs = tuple(e[1] is not None and e[0].aval.dtype.kind == "f" for e in n.args)
         has_ct = tuple(g is not None for g in gouts)
         key = (tpl[4], needs, has_ct)
         bt = _templates.get(key)
@@ -156,11 +177,12 @@ def compose(order: list, in_vars: list, in_gsrc: list, roots: list) -> tuple[ir.
         for c, g in zip(cts, gouts, strict=True):
             if c is not None:
                 env[c.id] = g
+        shared, eqns = self.shared, self.eqns
         for e, op, p in zip(beqns, ops, pure, strict=True):
             ins = [a if type(a) is Lit else env[a.id] for a in e.inputs]
             if p:   # reads forward values only: the same for every node sharing them
                 k = (id(e), *[id(a) for a in ins])
-                made = seen.get(k)
+                made = shared.get(k)
                 if made is not None:
                     for v, o in zip(e.outvars, made, strict=True):
                         env[v.id] = o
@@ -170,19 +192,69 @@ def compose(order: list, in_vars: list, in_gsrc: list, roots: list) -> tuple[ir.
                 o = env[v.id] = Var(v.aval)
                 outs.append(o)
             if p:
-                seen[k] = outs
-            eqns.append(Eqn(e.op, ins, outs, e.params, f"{source or '?'} (backward of {op})"))
+                shared[k] = outs
+            where = self.sources.get((source, op))
+            if where is None:
+                where = self.sources[(source, op)] = f"{source or '?'} (backward of {op})"
+            new = Eqn(e.op, ins, outs, e.params, where)
+            eqns.append(new)
+            if e.op == "matmul" and not p and len(ins[0].aval.shape) == 2 \
+                    and len(ins[1].aval.shape) == 2:
+                self.matmuls[outs[0].id] = new
         for (var, gsrc, _), g in zip(n.args, grads, strict=True):
             if g is not None and gsrc is not None:
-                accumulate(var, g if type(g) is Lit else env[g.id], source)
-    wrt = [i for i, g in enumerate(in_gsrc) if g is not None]
-    outs = [t._var for t in roots]
-    for i in wrt:
-        v = in_vars[i]
-        g = ct.get(v.id)
-        if g is None:
-            g = Var(v.aval)
-            eqns.append(Eqn("full", [], [g], {"shape": v.aval.shape, "value": 0,
-                                               "dtype": v.aval.dtype}, None))
-        outs.append(g)
-    return ir.Graph(list(in_vars) + ct_in, eqns, outs), wrt
+                self.add(var, g if type(g) is Lit else env[g.id])
+
+    def add(self, var: Var, g: Any) -> None:
+        if type(g) is Lit:
+            raise NoTemplate
+        terms = self.terms.get(var.id)
+        if terms is None:
+            self.terms[var.id] = [g]
+        else:
+            terms.append(g)
+
+    def total(self, var: Var) -> Var | None:
+        """The sum of `var`'s gradient contributions (None if there are none). Contributions
+        made by 2-d matmuls — a weight used at every step of a loop gets `h_t^T @ g_t` per
+        step — are summed as one matmul of the concatenated operands."""
+        terms = self.terms.pop(var.id, None)
+        if terms is None:
+            return None
+        if len(terms) > 2:
+            terms = self._merge(var, terms)
+        total = terms[0]
+        for t in terms[1:]:
+            s = Var(var.aval)
+            self.eqns.append(Eqn("add", [total, t], [s], {}, None))
+            total = s
+        return total
+
+    def _merge(self, var: Var, terms: list) -> list:
+        made = [t for t in terms if t.id in self.matmuls]
+        if len(made) < 3 or len({id(t) for t in made}) < len(made):
+            return terms
+        mms = [self.matmuls.pop(t.id) for t in made]
+        lhs, rhs = [m.inputs[0] for m in mms], [m.inputs[1] for m in mms]
+        a, b = lhs[0].aval, rhs[0].aval
+        cat_l = Var(Aval((a.shape[0], sum(x.aval.shape[1] for x in lhs)), a.dtype))
+        cat_r = Var(Aval((sum(x.aval.shape[0] for x in rhs), b.shape[1]), b.dtype))
+        out = Var(var.aval)
+        source = mms[0].source
+        self.eqns += [Eqn("concatenate", lhs, [cat_l], {"axis": 1}, source),
+                      Eqn("concatenate", rhs, [cat_r], {"axis": 0}, source),
+                      Eqn("matmul", [cat_l, cat_r], [out], {}, source)]
+        self.merged.update(id(m) for m in mms)
+        merged = {t.id for t in made}
+        return [out] + [t for t in terms if t.id not in merged]
+
+    def finish(self, outs: list) -> list:
+        """The equations, without the matmuls a merge summed (unless something else reads
+        them)."""
+        if not self.merged:
+            return self.eqns
+        read = {a.id for e in self.eqns if id(e) not in self.merged for a in e.inputs
+                if type(a) is not Lit}
+        read.update(a.id for a in outs if type(a) is not Lit)
+        return [e for e in self.eqns
+                if id(e) not in self.merged or e.outvars[0].id in read]

@@ -176,11 +176,16 @@ class Node:
         return f"<{self.name_} object at {hex(id(self))}>"
 
 
-def instantiate(tpl: tuple, entries: list, out_vars: list, source: str | None) -> list:
+def instantiate(tpl: tuple, entries: list, out_vars: list, source: str | None,
+                env: dict | None = None) -> list:
     """Copy a template's equations (see tensor.record) onto an op's input entries and output
-    variables, with fresh variables for its intermediates."""
+    variables, with fresh variables for its intermediates; `env` (if given) is filled with
+    template variable id -> the copy's variable."""
     in_ids, teqns, touts = tpl[0], tpl[1], tpl[2]
-    env = {i: e[0] for i, e in zip(in_ids, entries, strict=False)}
+    if env is None:
+        env = {}
+    for i, e in zip(in_ids, entries, strict=False):
+        env[i] = e[0]
     for v, o in zip([v for v in touts if v is not None], out_vars, strict=True):
         env[v.id] = o
     eqns = []
