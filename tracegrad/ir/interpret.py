@@ -7,6 +7,7 @@ import numpy as np
 
 from .core import Graph, Lit
 from .ops import OPS, np_index
+from .passes import _frozen_params
 
 # Called after every equation with (eqn, inputs, outputs); set by tracegrad.config.debug_nans.
 eqn_hook: Callable | None = None
@@ -124,6 +125,31 @@ def _scalar_result(fn: Callable) -> Callable:
     return lambda *ins: np.asarray(fn(*ins))
 
 
+_FNS: dict[Any, Callable] = {}   # (op, params, input and output types) -> step function
+
+
+def _step_fn(e: Any, multi: bool) -> Callable:
+    """The function running `e` in a Program; equations of one signature share it."""
+    try:
+        key = (e.op, _frozen_params(e.params), *[a.aval for a in e.inputs],
+               *[v.aval for v in e.outvars])
+        fn = _FNS.get(key)
+    except TypeError:   # params that cannot be hashed
+        key = fn = None
+    if fn is not None:
+        return fn
+    fn = None if multi else _fast_fn(e)
+    if fn is None:
+        fn = _generic_fn(e)
+    elif not e.outvars[0].aval.shape:
+        fn = _scalar_result(fn)
+    if key is not None:
+        if len(_FNS) > 8192:
+            _FNS.clear()
+        _FNS[key] = fn
+    return fn
+
+
 class Program:
     """`graph` prepared for repeated interpretation (bit-identical to `interpret`)."""
     __slots__ = ("graph", "init", "steps", "outs", "in_avals", "n_in")
@@ -158,14 +184,10 @@ class Program:
                 val = np.asarray(OPS[e.op].ref(**e.params), e.outvars[0].aval.dtype)
                 slots[e.outvars[0].id] = new(val.reshape(e.outvars[0].aval.shape))
                 continue
-            ins = tuple(slot_of(a) for a in e.inputs)
+            ins = tuple([slot_of(a) for a in e.inputs])
             multi = OPS[e.op].multi_out
-            fn = None if multi else _fast_fn(e)
-            if fn is None:
-                fn = _generic_fn(e)
-            elif not e.outvars[0].aval.shape:
-                fn = _scalar_result(fn)
-            outs = tuple(new() for _ in e.outvars)
+            fn = _step_fn(e, multi)
+            outs = tuple([new() for _ in e.outvars])
             for v, k in zip(e.outvars, outs):
                 slots[v.id] = k
             steps.append((fn, ins, outs[0] if not multi else outs, len(ins) if not multi
