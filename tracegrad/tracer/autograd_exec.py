@@ -370,12 +370,10 @@ def fast_backward(roots: list, grads: list, retain: bool) -> bool:
             leaf._extra()["grad"] = Tensor._leaf(g)
         else:
             assign_(old, old._val() + g)
-    if not retain:
+    if not retain:      # (nothing was packed: grad_walk and walk leave those to the engine)
         for n in w.order:
             if n.grad:
                 n.freed = True
-                for s in n.saved or ():
-                    s.tensor = s.packed = None
     return True
 
 

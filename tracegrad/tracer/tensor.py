@@ -628,7 +628,7 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: list, grad: bool) -> An
         if saves:
             _save(node, name, args, results[0], saves)
         else:
-            node.saved = []
+            node.saved = ()
     out_type = tpl[3]
     if out_type is None:
         return results[0]
@@ -734,7 +734,7 @@ def _save(node: Node, name: str, args: tuple, result: Tensor | None,
     if slots is None:
         slots = SAVED.get(name)
         if not slots:
-            node.saved = []
+            node.saved = ()
             return
     hooks = mode.saved_hooks
     hooks = hooks[-1] if hooks else None
