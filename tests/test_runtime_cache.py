@@ -149,3 +149,18 @@ def test_zero_size_and_scalar_graphs(cache_dir):
     for r, o in zip(ir.interpret(g, a), runtime.run_graph(g, a), strict=False):
         assert r.shape == o.shape and r.dtype == o.dtype
         np.testing.assert_array_equal(r, o)
+
+
+def test_graph_without_matmul_does_not_import_scipy_linalg(tmp_path):
+    child = textwrap.dedent("""
+        import sys
+        import numpy as np
+        import tracegrad as tg
+        tg.jit(lambda x: tg.sin(x) * 2.0)(np.ones(10, np.float32))
+        print("scipy.linalg" in sys.modules)
+    """)
+    env = dict(os.environ, PYTHONPATH=ROOT, TRACEGRAD_CACHE_DIR=str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["False"]

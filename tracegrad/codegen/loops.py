@@ -113,7 +113,10 @@ def reductions(group: Group, p: int, n_tasks: int) -> list[_Red]:
 
 
 def emit_loop_group(k: Kernel, group: Group, producers: dict, p: int, n_tasks: int,
-                    partial_keys: dict[int, object]) -> None:
+                    partial_keys: dict[int, object],
+                    block: tuple[int, bool] | None = None) -> None:
+    """`block`: (chunk, columns?) for an epilogue of a 2-d matmul split the same way: task t
+    covers rows (or columns) t*chunk up to (t+1)*chunk of the domain, and p must be 1."""
     b = k.b
     d = group.domain
     n = len(d)
@@ -199,7 +202,8 @@ def emit_loop_group(k: Kernel, group: Group, producers: dict, p: int, n_tasks: i
             def step(i, lv=lv):
                 idx[lv] = i
                 level(lv + 1)
-            k.for_range(i64(0), i64(d[lv]), step)
+            start, stop = (col_lo, col_hi) if lv == 1 and cols else (i64(0), i64(d[lv]))
+            k.for_range(start, stop, step)
         flush(lv)
 
     for r in reds:
@@ -209,11 +213,19 @@ def emit_loop_group(k: Kernel, group: Group, producers: dict, p: int, n_tasks: i
         level(0)
         return
     reset(0)
+
+    def task_range(size: int, chunk: int) -> tuple[ir.Value, ir.Value]:
+        lo = b.mul(k.task, i64(chunk))
+        hi = b.add(lo, i64(chunk))
+        return lo, b.select(b.icmp_signed("<", hi, i64(size)), hi, i64(size))
+
     outer = math.prod(d[:p])
-    chunk = -(-outer // n_tasks)
-    lo = b.mul(k.task, i64(chunk))
-    hi = b.add(lo, i64(chunk))
-    hi = b.select(b.icmp_signed("<", hi, i64(outer)), hi, i64(outer))
+    chunk, cols = block if block is not None else (-(-outer // n_tasks), False)
+    if cols:
+        lo, hi = i64(0), i64(outer)
+        col_lo, col_hi = task_range(d[1], chunk)
+    else:
+        lo, hi = task_range(outer, chunk)
 
     def outer_step(o):
         idx[:p] = [o] if p == 1 else reads.delinear(o, d[:p])

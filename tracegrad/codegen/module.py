@@ -7,6 +7,7 @@ the object code is independent of any address and can be cached on disk."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import math
 from typing import Any
 
 import numpy as np
@@ -15,10 +16,10 @@ from llvmlite import ir
 from ..ir import Graph, Lit, Var
 from .dtypes import I64, PTR, VOID, i64
 from .kernel import KERNEL_TYPE, Kernel
-from .linalg import (SLOT_BLAS_THREADS, emit_matmul, emit_scatter_add, gemm_slot, gemm_tasks,
-                     uses_blas)
+from .linalg import (SLOT_BLAS_THREADS, emit_matmul, emit_scatter_add, gemm_dims,
+                     gemm_slot, gemm_tasks, uses_blas)
 from .loops import emit_argreduce, emit_combine, emit_loop_group, reductions, split
-from .plan import Group, group_signature, plan_graph
+from .plan import Group, epilogues, group_signature, plan_graph, stages
 from .scalar import OUTLINE_MATH, TRANSCENDENTAL
 
 ENTRY = "tg_entry"
@@ -32,6 +33,9 @@ FIRST_SLOT = 4
 # per-call Python work is one table store per array.
 ARRAY_DATA_OFFSET = 16
 ALIGN = 64
+# Independent kernels of at least this much work (multiply-adds, loop elements) share one pool
+# job; smaller ones run on the calling thread before it.
+CONCURRENT_MIN_WORK = 1 << 14
 PAR_TYPE = ir.FunctionType(VOID, [KERNEL_TYPE.as_pointer(), PTR.as_pointer(), I64])
 
 
@@ -47,6 +51,7 @@ class Layout:
     workspace_size: int = 0
     n_kernels: int = 0
     n_parallel: int = 0
+    blas: bool = False                         # calls BLAS through slots 1-3
 
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -80,6 +85,9 @@ class _Lowering:
         self.ws_req: list[tuple[int, int, Any]] = []   # (slot, bytes, key)
         self.bodies: dict[str, ir.Function] = {}
         self.body_uses: dict[str, int] = {}
+        self.stage_of: dict[int, int] = {}
+        self.layout_blas = False
+        self.group_index = {id(g): i for i, g in enumerate(self.plan.groups)}
         g = self.plan.graph
         self.avals = {v.id: v.aval for v in g.invars + g.constvars}
         self.avals.update((v.id, v.aval) for e in g.eqns for v in e.outvars)
@@ -93,7 +101,7 @@ class _Lowering:
         return s
 
     def lifetimes(self) -> dict[Any, tuple[int, int]]:
-        """(first, last) group index at which each workspace buffer is written or read."""
+        """(first, last) stage at which each workspace buffer is written or read."""
         span: dict[Any, tuple[int, int]] = {}
 
         def touch(key, gi):
@@ -101,20 +109,21 @@ class _Lowering:
             span[key] = (min(first, gi), gi)
 
         for gi, group in enumerate(self.plan.groups):
+            si = self.stage_of[gi]   # groups of one stage may run at the same time
             for e in group.eqns:
                 atoms = [a for a, _ in group.operands] if e.op == "matmul" else e.inputs
                 for a in atoms:
                     if isinstance(a, Var):
-                        touch(a.id, gi)
+                        touch(a.id, si)
                 for v in e.outvars:
-                    touch(v.id, gi)
+                    touch(v.id, si)
             for e in group.reductions:
-                touch(("partial", e.out.id), gi)
+                touch(("partial", e.out.id), si)
         return span
 
     def pack_workspace(self) -> tuple[list[tuple[int, int]], int]:
-        """Offsets for the workspace buffers: two share memory when no group touches both
-        (groups run one after another), placed first-fit by size, largest first."""
+        """Offsets for the workspace buffers: two share memory when no stage touches both
+        (stages run one after another), placed first-fit by size, largest first."""
         span = self.lifetimes()
         placed: list[tuple[int, int, int, int]] = []   # (offset, size, first, last)
         out, top = [], 0
@@ -179,9 +188,7 @@ class _Lowering:
 
     def lower(self) -> Lowered:
         layout = self.layout_buffers()
-        calls: list[tuple[Kernel, int]] = []
-        for gi, group in enumerate(self.plan.groups):
-            calls += self.lower_group(f"k{gi}", group)
+        steps = self.lower_stages()
         entry = ir.Function(self.module, ir.FunctionType(VOID, [PTR.as_pointer()]), ENTRY)
         b = ir.IRBuilder(entry.append_basic_block("entry"))
         table = entry.args[0]
@@ -193,7 +200,10 @@ class _Lowering:
             b.store(b.load(b.bitcast(obj, PTR.as_pointer())), cell)
         par = None
         direct = set()
-        for k, tasks in calls:
+        for k, tasks in steps:
+            if tasks == 1 and isinstance(k, ir.Function):
+                b.call(k, [table, i64(0)])
+                continue
             if tasks == 1:   # no wrapper: fewer functions to compile
                 k.call_body(b, table)
                 direct.add(k.body_fn.name)
@@ -201,18 +211,121 @@ class _Lowering:
             if par is None:
                 par = b.bitcast(b.load(b.gep(table, [i64(0)], inbounds=True)),
                                 PAR_TYPE.as_pointer())
-            b.call(par, [k.fn, table, i64(tasks)])
+            b.call(par, [k if isinstance(k, ir.Function) else k.fn, table, i64(tasks)])
         b.ret_void()
         for fn in self.bodies.values():   # a body used once by a wrapper melts into it
             once = self.body_uses[fn.name] == 1 and fn.name not in direct
             fn.attributes.add("alwaysinline" if once else "noinline")
         layout.n_slots = self.next_slot
         layout.workspace, layout.workspace_size = self.pack_workspace()
-        layout.n_kernels = len(calls)
-        layout.n_parallel = sum(t > 1 for _, t in calls)
+        layout.n_kernels = self.n_kernels
+        layout.n_parallel = sum(t > 1 for _, t in steps)
+        layout.blas = self.layout_blas
         return Lowered(self.module, layout, self.graph)
 
-    def lower_group(self, name: str, group: Group) -> list[tuple[Kernel, int]]:
+    def lower_stages(self) -> list[tuple[Kernel | ir.Function, int]]:
+        """What the entry calls, in order: a kernel (run by the pool when it has several
+        tasks) or a region, one wrapper running the tasks of several independent kernels as
+        one pool job, so a thread that finishes its share of one takes tasks of another.
+        A matmul's epilogue loop runs in the matmul's tasks, right after its block."""
+        groups = self.plan.groups
+        self.plan_gemms(stages(self.plan))
+        fused = {}
+        for mi, li in epilogues(self.plan).items():
+            # an epilogue runs on the threads its matmul runs on: not one big loop on one
+            if self.gemm_plan[mi][0] > 1 or mi in self.members or split(groups[li])[1] == 1:
+                fused[li] = mi
+        epi = {mi: li for li, mi in fused.items()}
+        final = stages(self.plan, fused)
+        self.plan_gemms(final)   # fusion may have changed who shares a stage
+        steps: list[tuple[Kernel | ir.Function, int]] = []
+        self.n_kernels = 0
+        for si, stage in enumerate(final):
+            region, after = [], []
+            members = self.concurrent(stage)
+            for gi in stage:
+                self.stage_of[gi] = si
+                calls = self.lower_group(f"k{gi}", groups[gi])
+                if gi in epi:
+                    li, gsplit = epi[gi], self.gemm_plan[gi]
+                    self.stage_of[li] = si
+                    (k, _), = self.lower_group(f"k{li}", groups[li], gsplit)
+                    calls = [(self.sequence(f"k{gi}_{li}", [calls[0][0], k]), gsplit[0])]
+                    self.n_kernels += 1
+                self.n_kernels += len(calls)
+                (region if gi in members else steps).append(calls[0])
+                after += calls[1:]   # combines of partial reductions
+            if len(region) > 1:
+                steps.append((self.region(f"r{si}", region), sum(t for _, t in region)))
+            else:
+                steps += region
+            steps += after
+        return steps
+
+    def concurrent(self, stage: list[int]) -> list[int]:
+        """The groups of `stage` worth running as one region (not tiny)."""
+        out = [gi for gi in stage if group_work(self.plan.groups[gi]) >= CONCURRENT_MIN_WORK]
+        return out if len(out) > 1 else []
+
+    def plan_gemms(self, plain: list[list[int]]) -> None:
+        """The (tasks, chunk, columns?) split of each matmul: one that shares its stage with
+        other work is split for its share of the threads, others for all of them."""
+        groups = self.plan.groups
+        self.gemm_plan: dict[int, tuple[int, int, bool]] = {}
+        self.members: set[int] = set()
+        for stage in plain:
+            members = self.concurrent(stage)
+            self.members.update(members)
+            gemms = [gi for gi in members if groups[gi].kind == "matmul"]
+            share = max(1, self.threads // max(1, len(gemms)))
+            for gi in stage:
+                g = groups[gi]
+                if g.kind != "matmul":
+                    continue
+                if not self.is_blas(g):
+                    self.gemm_plan[gi] = (1, gemm_dims(g)[1], False)
+                else:
+                    self.gemm_plan[gi] = gemm_tasks(g, share if gi in members else self.threads)
+
+    def is_blas(self, group: Group) -> bool:
+        return self.use_blas and uses_blas(group)
+
+    def sequence(self, name: str, kernels: list[Kernel]) -> ir.Function:
+        """`void name(i8** table, i64 task)`: task t of each kernel in turn."""
+        fn = ir.Function(self.module, KERNEL_TYPE, name)
+        fn.linkage = "internal"
+        fn.attributes.add("noinline")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        for k in kernels:
+            b.call(k.fn, list(fn.args))
+        b.ret_void()
+        return fn
+
+    def region(self, name: str, members: list[tuple[Kernel | ir.Function, int]]) -> ir.Function:
+        """`void name(i8** table, i64 task)`: task t runs task t - (tasks before it) of the
+        member it falls in; which thread runs which task does not change results."""
+        fn = ir.Function(self.module, KERNEL_TYPE, name)
+        fn.linkage = "internal"
+        fn.attributes.add("noinline")
+        table, task = fn.args
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        base = 0
+        for j, (k, tasks) in enumerate(members):
+            if j + 1 < len(members):
+                run, rest = fn.append_basic_block(f"m{j}"), fn.append_basic_block(f"n{j}")
+                b.cbranch(b.icmp_signed("<", task, i64(base + tasks)), run, rest)
+                b.position_at_end(run)
+            b.call(k if isinstance(k, ir.Function) else k.fn, [table, b.sub(task, i64(base))])
+            b.ret_void()
+            if j + 1 < len(members):
+                b.position_at_end(rest)
+            base += tasks
+        return fn
+
+    def lower_group(self, name: str, group: Group,
+                    block: tuple[int, int, bool] | None = None) -> list[tuple[Kernel, int]]:
+        """`block`: the (tasks, chunk, columns?) split of the matmul this loop is the epilogue
+        of."""
         produced = {v.id: e for e in group.eqns for v in e.outvars}
         if group.kind == "matmul":
             keys = [a.id for a, _ in group.operands] + [group.eqns[0].out.id]
@@ -222,10 +335,11 @@ class _Lowering:
                 self.slot["gemm"], self.dtype["gemm"] = gemm_slot(group), np.dtype(np.int8)
                 self.slot["blas_threads"] = SLOT_BLAS_THREADS
                 self.dtype["blas_threads"] = np.dtype(np.int8)
-            gsplit = gemm_tasks(group, self.threads) if blas else (1, 0, False)
+            gsplit = self.gemm_plan[self.group_index[id(group)]]
             k = self.kernel(name, keys, group, ("blas", blas, gsplit))
             if k.fresh:
                 emit_matmul(k, group, blas, gsplit)
+            self.layout_blas = self.layout_blas or blas
             return [(k.finish(), gsplit[0])]
         reads = [a.id for e in group.eqns for a in e.inputs
                  if isinstance(a, Var) and a.id not in produced]
@@ -240,7 +354,7 @@ class _Lowering:
             if k.fresh:
                 emit_argreduce(k, group, produced)
             return [(k.finish(), 1)]
-        p, tasks = split(group)
+        p, tasks = split(group) if block is None else (1, block[0])
         reds = reductions(group, p, tasks)
         partial_keys = {}
         for r in reds:
@@ -252,11 +366,12 @@ class _Lowering:
         outline = (group.size < INLINE_MATH_MIN_SIZE
                    and self.math_sites > INLINE_MATH_MAX_SITES)
         k = self.kernel(name, reads + writes + list(partial_keys.values()), group,
-                        (p, tasks, outline))
+                        (p, tasks, outline, block))
         token = OUTLINE_MATH.set(outline)
         try:
             if k.fresh:
-                emit_loop_group(k, group, produced, p, tasks, partial_keys)
+                emit_loop_group(k, group, produced, p, tasks, partial_keys,
+                                None if block is None else block[1:])
         finally:
             OUTLINE_MATH.reset(token)
         calls = [(k.finish(), tasks)]
@@ -269,6 +384,12 @@ class _Lowering:
                     emit_combine(c, r, tasks, key)
                 calls.append((c.finish(), 1))
         return calls
+
+
+def group_work(group: Group) -> int:
+    if group.kind == "matmul":
+        return math.prod(gemm_dims(group))
+    return group.size
 
 
 def lower_graph(graph: Graph, use_blas: bool = True, threads: int = 1) -> Lowered:

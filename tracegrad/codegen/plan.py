@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from ..ir import OPS, Eqn, Graph, Lit, Var, dce
 
 FUSIBLE = {"unary", "binary", "compare", "select", "shape", "create"} | {"take"}
+ELEMENTWISE = {"unary", "binary", "compare", "select"}
 REDUCE = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"}
 ARG_REDUCE = {"argmax", "argmin"}
 
@@ -52,6 +53,7 @@ class Plan:
     graph: Graph
     groups: list[Group]            # in execution order
     materialised: set[int]         # ids of vars that live in buffers
+    deps: list[set[int]] = field(default_factory=list)   # groups each one reads from
 
 
 def alias_custom_vjp(graph: Graph) -> Graph:
@@ -229,7 +231,79 @@ class _Planner:
                     heapq.heappush(ready, (by_id[u].first(), u))
         if len(order) != len(live):
             raise AssertionError("fusion produced a cyclic schedule")
-        return Plan(self.graph, order, materialised)
+        index = {id(g): i for i, g in enumerate(order)}
+        return Plan(self.graph, order, materialised,
+                    [{index[d] for d in deps[id(g)]} for g in order])
+
+
+def _levels(deps: list[set[int]]) -> list[int]:
+    level: list[int] = []
+    for ds in deps:
+        level.append(1 + max((level[d] for d in ds), default=-1))
+    return level
+
+
+def _index_preserving(group: Group, v: Var) -> bool:
+    """Whether every value of `group` computed from `v` is elementwise over the domain, so a
+    task that covers part of the domain reads `v` only inside that part."""
+    derived = {v.id}
+    for e in group.eqns:
+        if any(isinstance(a, Var) and a.id in derived for a in e.inputs):
+            if not (OPS[e.op].kind in ELEMENTWISE or e.op == "convert"):
+                return False
+            if e.out.aval.shape != group.domain:
+                return False
+            derived.update(o.id for o in e.outvars)
+    return True
+
+
+def epilogues(plan: Plan) -> dict[int, int]:
+    """matmul group -> a loop group that may run inside the matmul's tasks, each task on the
+    block of the product it just computed (hot in cache): a loop without reductions over the
+    product's 2-d shape that reads it only elementwise and reads nothing else that is written
+    after the matmul could start."""
+    level = _levels(plan.deps)
+    users: dict[int, list[int]] = {}
+    for i, ds in enumerate(plan.deps):
+        for d in ds:
+            users.setdefault(d, []).append(i)
+    out: dict[int, int] = {}
+    taken: set[int] = set()
+    for mi, m in enumerate(plan.groups):
+        if m.kind != "matmul" or len(m.domain) != 2:
+            continue
+        for li in users.get(mi, []):
+            g = plan.groups[li]
+            if (li in taken or g.kind != "loop" or g.reductions or g.domain != m.domain
+                    or any(level[d] >= level[mi] for d in plan.deps[li] if d != mi)
+                    or not _index_preserving(g, m.eqns[0].out)):
+                continue
+            out[mi] = li
+            taken.add(li)
+            break
+    return out
+
+
+def stages(plan: Plan, fused: dict[int, int] | None = None) -> list[list[int]]:
+    """Groups (indices into `plan.groups`) in stages that may run concurrently: each group
+    goes to the stage after the last one it reads from, as soon as possible. Stages run in
+    order; within one, no group reads what another writes. `fused`: epilogue -> its matmul;
+    an epilogue runs inside its matmul and is left out of the stages."""
+    fused = fused or {}
+    deps = [{fused.get(d, d) for d in ds} for ds in plan.deps]
+    for li, mi in fused.items():
+        deps[mi] |= deps[li] - {mi}
+    # in the order of unfused levels, every group's (merged) deps come before it
+    unfused = _levels(plan.deps)
+    level = [-1] * len(deps)
+    for i in sorted(range(len(deps)), key=unfused.__getitem__):
+        if i not in fused:
+            level[i] = 1 + max((level[d] for d in deps[i]), default=-1)
+    out: list[list[int]] = [[] for _ in range(max(level, default=-1) + 1)]
+    for i, lv in enumerate(level):
+        if i not in fused:
+            out[lv].append(i)
+    return [s for s in out if s]
 
 
 def group_signature(group: Group | None, keys: list, avals: dict, extra: tuple) -> str:
@@ -273,4 +347,5 @@ def plan_graph(graph: Graph) -> Plan:
     return _Planner(alias_custom_vjp(graph)).run()
 
 
-__all__ = ["ARG_REDUCE", "REDUCE", "Group", "Plan", "fusible", "group_signature", "plan_graph"]
+__all__ = ["ARG_REDUCE", "REDUCE", "Group", "Plan", "epilogues", "fusible", "group_signature",
+           "plan_graph", "stages"]

@@ -33,9 +33,10 @@ class _Frame:
     def __init__(self, layout: Layout, consts: Sequence[np.ndarray]):
         self.table = (ctypes.c_void_p * max(layout.n_slots, FIRST_SLOT))()
         self.addr = ctypes.addressof(self.table)
-        sgemm, dgemm = gemm_addresses()
-        self.table[0], self.table[1], self.table[2] = parallel_for_address(), sgemm, dgemm
-        self.table[3] = blas_threads_address()
+        self.table[0] = parallel_for_address()
+        if layout.blas:   # finding BLAS imports scipy.linalg: only for graphs that use it
+            self.table[1], self.table[2] = gemm_addresses()
+            self.table[3] = blas_threads_address()
         self.keep = list(consts)
         for slot, j in layout.const_slots:
             self.table[slot] = consts[j].ctypes.data

@@ -1,0 +1,95 @@
+"""Stages (independent kernels run as one pool job) and matmul epilogues (a loop run inside the
+matmul's tasks on the block each task computed): planning, and results vs the interpreter
+with GEMMs split across threads."""
+import numpy as np
+import pytest
+
+from tracegrad import ir, runtime
+from tracegrad.codegen import plan_graph
+from tracegrad.codegen.plan import epilogues, stages
+from conftest import build_graph
+from tracegrad.ir import emit as E
+
+F32 = np.dtype("float32")
+RNG = np.random.default_rng(3)
+
+pytestmark = pytest.mark.usefixtures("no_disk_cache")
+
+
+@pytest.fixture(params=[2, 3])
+def threads(request):
+    before = runtime.num_threads()
+    runtime.set_num_threads(request.param)
+    try:
+        yield request.param
+    finally:
+        runtime.set_num_threads(before)
+
+
+def check(graph, args, rtol=2e-4, atol=2e-4):
+    ref = ir.interpret(graph, args)
+    out = runtime.compile_graph(graph)(args)
+    for k, (r, o) in enumerate(zip(ref, out, strict=True)):
+        np.testing.assert_allclose(o, r, rtol=rtol, atol=atol, err_msg=f"output {k}")
+    again = runtime.compile_graph(graph)(args)
+    for o, a in zip(out, again, strict=True):
+        np.testing.assert_array_equal(o, a)   # deterministic for a fixed thread count
+
+
+def sgd_step(x, w0, b0, w1, b1):
+    """One SGD step of a 2-layer tanh net on sum of squares, written out by hand: the
+    backward has independent dW and dX matmuls, and every weight update reads a GEMM."""
+    h = E.tanh(x @ w0 + b0)
+    y = h @ w1 + b1
+    dh = (y @ E.transpose(w1, (1, 0))) * (1.0 - h * h)
+    dw1 = E.transpose(h, (1, 0)) @ y
+    dw0 = E.transpose(x, (1, 0)) @ dh
+    return [w0 - 0.01 * dw0, b0 - 0.01 * E.reduce_sum(dh, (0,)), w1 - 0.01 * dw1,
+            b1 - 0.01 * E.reduce_sum(y, (0,))]
+
+
+def sgd_graph(batch, d_in, d_hid, d_out):
+    return build_graph(sgd_step, ((batch, d_in), F32), ((d_in, d_hid), F32), ((d_hid,), F32),
+                       ((d_hid, d_out), F32), ((d_out,), F32))
+
+
+def test_independent_matmuls_share_a_stage_and_updates_are_epilogues():
+    plan = plan_graph(sgd_graph(128, 300, 256, 200))
+    mm = [i for i, g in enumerate(plan.groups) if g.kind == "matmul"]
+    shapes = {i: plan.groups[i].domain for i in mm}
+    dx = next(i for i in mm if shapes[i] == (128, 256) and i != mm[0])
+    dw1 = next(i for i in mm if shapes[i] == (256, 200))
+    assert any(dx in s and dw1 in s for s in stages(plan))
+    epi = epilogues(plan)
+    updates = [i for i, g in enumerate(plan.groups) if g.kind == "loop"
+               and g.domain in ((300, 256), (256, 200))]
+    assert sorted(epi[i] for i in epi if epi[i] in updates) == sorted(updates)
+    fused = {li: mi for mi, li in epi.items()}
+    run = [i for s in stages(plan, fused) for i in s]
+    assert sorted(run + list(fused)) == list(range(len(plan.groups)))
+    for li, mi in fused.items():   # every group still runs after what it reads
+        assert li not in run and mi in run
+
+
+@pytest.mark.parametrize("dims", [(128, 300, 256, 200), (512, 96, 64, 700), (48, 70, 90, 30)])
+def test_sgd_step_with_split_gemms_matches_interpreter(threads, dims):
+    g = sgd_graph(*dims)
+    b, d_in, d_hid, d_out = dims
+    args = [RNG.standard_normal((b, d_in)).astype(F32)]
+    for m, n in ((d_in, d_hid), (d_hid, d_out)):
+        args += [(RNG.standard_normal((m, n)) / np.sqrt(m)).astype(F32),
+                 RNG.standard_normal(n).astype(F32)]
+    check(g, args)
+
+
+def test_epilogue_never_reads_outside_its_block(threads):
+    # the transposed read of the product crosses task blocks: that loop must not be fused
+    def f(a, b, c):
+        p = a @ b
+        return [p + E.transpose(p, (1, 0)) * c, E.tanh(p + c)]
+    g = build_graph(f, ((300, 200), F32), ((200, 300), F32), ((300,), F32))
+    plan = plan_graph(g)
+    for li in epilogues(plan).values():
+        assert all(e.op != "transpose" for e in plan.groups[li].eqns)
+    check(g, [RNG.standard_normal((300, 200)).astype(F32),
+              RNG.standard_normal((200, 300)).astype(F32), RNG.standard_normal(300).astype(F32)])
