@@ -341,7 +341,7 @@ def apply_op_backward(n: Node, gouts: list, create: bool) -> list:
     subst = {}
     for s in n.saved or ():
         if s.unpack is not None:
-            t = s.unpacked()
+            t = s.unpacked(n)
             if not isinstance(t, Tensor) or t.shape != s.var.aval.shape:
                 raise RuntimeError("saved_tensors_hooks: unpack must return a Tensor of the "
                                    "saved tensor's shape")

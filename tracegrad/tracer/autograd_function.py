@@ -50,7 +50,7 @@ class FunctionCtx:
         out, k = [], 0
         for t in self.to_save:
             if isinstance(t, Tensor):
-                out.append(node.saved[k].unpacked())
+                out.append(node.saved[k].unpacked(node))
                 k += 1
             else:
                 out.append(t)

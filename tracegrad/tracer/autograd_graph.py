@@ -57,9 +57,10 @@ def hook_name(fn: Callable) -> str:
 
 class SavedTensor:
     """A value an op keeps for its backward: the tensor, its version when saved, and what a
-    `saved_tensors_hooks` pack function made of it."""
-    __slots__ = ("tensor", "var", "vc", "version", "slot", "is_output", "packed", "unpack",
-                 "node")
+    `saved_tensors_hooks` pack function made of it. It does not point back at its node (the
+    node is passed in when needed), so a recorded graph holds no reference cycle and is freed
+    as soon as it is dropped, without waiting for the cyclic garbage collector."""
+    __slots__ = ("tensor", "var", "vc", "version", "slot", "is_output", "packed", "unpack")
 
     def __init__(self, tensor: Any, var: Var, vc: list, slot: int | str, node: Node,
                  hooks: tuple | None):
@@ -68,27 +69,27 @@ class SavedTensor:
         self.version = vc[0]
         self.slot = slot                       # argument index, or "result"
         is_output = self.is_output = slot == "result"
-        self.node = node
         self.unpack = None
         self.packed = None
         self.tensor = None if is_output else tensor
         if hooks is not None:
             pack, self.unpack = hooks
-            self.packed = pack(tensor if tensor is not None else self.materialize())
+            self.packed = pack(tensor if tensor is not None else self.materialize(node))
 
-    def materialize(self) -> Any:
-        """The saved value as a Tensor (outputs come back as a new Tensor, as in PyTorch)."""
+    def materialize(self, node: Node) -> Any:
+        """The saved value as a Tensor (outputs of `node`, the node that saved it, come back
+        as a new Tensor, as in PyTorch)."""
         if self.tensor is not None:
             return self.tensor
         from .tensor import Tensor
-        t = Tensor._from_var(self.var, self.node, self.node if self.node.grad else None)
+        t = Tensor._from_var(self.var, node, node if node.grad else None)
         t._vc = self.vc
         return t
 
-    def unpacked(self) -> Any:
+    def unpacked(self, node: Node) -> Any:
         if self.unpack is not None:
             return self.unpack(self.packed)
-        return self.materialize()
+        return self.materialize(node)
 
 
 class Node:
@@ -220,7 +221,7 @@ def saved_attribute(node: Node, what: str) -> Any:
         raise RuntimeError(FREED_MSG)
     for s in node.saved:
         if s.slot == slot:
-            return s.materialize()
+            return s.materialize(node)
     raise AttributeError(f"'{node.name_}' object has no attribute '_saved_{what}'")
 
 

@@ -399,12 +399,23 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
         return _concrete(fn, args, kwargs)
     key = None
     if not kwargs and not deps and cache:
-        fast = _fast_key(fn, name, args)
-        if fast is not None:
-            key = fast[0]
+        if len(args) == 2 and type(args[0]) is Tensor and type(args[1]) is Tensor:
+            a, b = args     # the commonest case, keyed here directly (as _fast_key would)
+            va, vb = a._var, b._var
+            if va is vb:
+                aval = va.aval
+                key, tensors = (fn, name, aval.shape, aval.dtype, 0), (a,)
+            else:
+                aa, ab = va.aval, vb.aval
+                key, tensors = (fn, name, aa.shape, aa.dtype, ab.shape, ab.dtype), args
+        else:
+            fast = _fast_key(fn, name, args)
+            if fast is not None:
+                key, tensors = fast
+        if key is not None:
             hit = _fast.get(key)
             if hit is not None:
-                return _replay(hit, name, args, fast[1], grad)
+                return _replay(hit, name, args, tensors, grad)
     if name == "Dropout" and kwargs.get("seed") is None:
         from .random import next_seed    # a graph input, so graphs hash alike across steps
         kwargs = dict(kwargs, seed=np.asarray(next_seed(), np.int64))
@@ -514,7 +525,7 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
         _save(node, name, args, results[0])
     if key is not None and sig is not None:
         touts = tpl[2]
-        single = len(touts) == 1 and touts[0] is not None
+        single = len(touts) == 1 and touts[0] is not None and tpl[3] is None
         _fast[key] = (tpl, _names.get((name, sig)) or _grad_name(name, args, kwargs),
                       SAVED.get(name), touts[0].aval if single else None,
                       single and touts[0].aval.dtype.kind == "f", 2 * tpl[4])
@@ -546,18 +557,9 @@ def _fast_key(fn: Callable, name: str, args: tuple) -> tuple | None:
     scalars (the common case), as a flat tuple: `fn`, `name`, then per argument either the
     index of the earlier tensor it repeats, a tensor's shape and dtype, or a scalar's (type,
     value). Returns (key, the distinct tensors) or None."""
-    if len(args) == 2:      # binary ops on two tensors: the commonest case, made direct
-        a, b = args
-        if isinstance(a, Tensor) and isinstance(b, Tensor):
-            va, vb = a._var, b._var
-            if va is vb:
-                aval = va.aval
-                return (fn, name, aval.shape, aval.dtype, 0), [a]
-            aa, ab = va.aval, vb.aval
-            return (fn, name, aa.shape, aa.dtype, ab.shape, ab.dtype), [a, b]
-    elif len(args) == 1 and isinstance(args[0], Tensor):
+    if len(args) == 1 and isinstance(args[0], Tensor):
         aval = args[0]._var.aval
-        return (fn, name, aval.shape, aval.dtype), list(args)
+        return (fn, name, aval.shape, aval.dtype), args
     key: list = [fn, name]
     tensors: list = []
     for a in args:
@@ -621,7 +623,14 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: list, grad: bool) -> An
         else:
             t._fn = None
             t._rg = False
-        results = [t]
+        node.sig = sig + node.grad
+        if node.grad:
+            node.name_ = gname
+            if saves:
+                _save(node, name, args, t, saves)
+            else:
+                node.saved = ()
+        return t
     node.sig = sig + node.grad
     if node.grad:
         node.name_ = gname
@@ -745,9 +754,9 @@ def _save(node: Node, name: str, args: tuple, result: Tensor | None,
                 saved.append(SavedTensor(None, result._var, result._vc, s, node, hooks))
         elif s < len(args) and isinstance(args[s], Tensor):
             t = args[s]
-            if name in ("Mul", "Div") and s == 0 and not _needs_grad(args[1]):
+            if s == 0 and name in ("Mul", "Div") and not _needs_grad(args[1]):
                 continue    # d(x*c)/dc is not needed: x need not be kept
-            if t._get("inference"):
+            if t._x is not None and t._x.get("inference"):
                 raise RuntimeError(
                     "Inference tensors cannot be saved for backward. Please do not use Tensors "
                     "created in inference mode in computation tracked by autograd. To work "
