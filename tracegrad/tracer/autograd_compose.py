@@ -71,8 +71,9 @@ def vjp_walk(eqns: list, args: list, out_vars: list, b: Any, env: dict, gouts: d
 
 
 def _backward_template(tpl: tuple, needs: tuple, has_ct: tuple) -> tuple | None:
-    """(cotangent vars per output, equations, gradient atom or None per input, the forward
-    op each equation is the backward of) for template `tpl`, or None if it captured
+    """(cotangent vars per output, equations, gradient atom or None per input, per equation
+    (the forward op it is the backward of, whether it reads no cotangent, whether it is a
+    2-d matmul making a contribution)) for template `tpl`, or None if it captured
     constants."""
     in_ids, teqns, touts = tpl[0], tpl[1], tpl[2]
     outs = [v for v in touts if v is not None]
@@ -103,7 +104,10 @@ def _backward_template(tpl: tuple, needs: tuple, has_ct: tuple) -> tuple | None:
         if not p:
             reads_ct.update(v.id for v in e.outvars)
         pure.append(p)
-    return cts, eqns, atoms, ops, pure
+    # which make a contribution a merge may sum (see _Composer.total)
+    mm = [e.op == "matmul" and not p and len(e.inputs[0].aval.shape) == 2
+          and len(e.inputs[1].aval.shape) == 2 for e, p in zip(eqns, pure, strict=True)]
+    return cts, eqns, atoms, list(zip(ops, pure, mm, strict=True))
 
 
 def compose(order: list, in_vars: list, in_gsrc: list, roots: list) -> tuple[ir.Graph, list]:
@@ -159,12 +163,19 @@ class _Composer:
 
     def backward(self, n: Any, env: dict) -> None:
         """Append the reverse pass of node `n` (whose outputs' gradients are complete)."""
-        gouts = [self.total(v) for v in n.out_vars]
-        if all(g is None for g in gouts):
-            return
+        outs = n.out_vars
+        if len(outs) == 1:
+            g = self.total(outs[0])
+            if g is None:
+                return
+            gouts, has_ct = (g,), (True,)
+        else:
+            gouts = [self.total(v) for v in outs]
+            if all(g is None for g in gouts):
+                return
+            has_ct = tuple([g is not None for g in gouts])
         tpl, source = n.tpl, n.src
-        needs = tuple(e[1] is not None and e[0].aval.dtype.kind == "f" for e in n.args)
-        has_ct = tuple(g is not None for g in gouts)
+        needs = tuple([e[1] is not None and e[0].aval.dtype.kind == "f" for e in n.args])
         key = (tpl[4], needs, has_ct)
         bt = _templates.get(key)
         if bt is None:
@@ -173,12 +184,12 @@ class _Composer:
             bt = _templates[key] = _backward_template(tpl, needs, has_ct)
         if bt is None:
             raise NoTemplate
-        cts, beqns, grads, ops, pure = bt
+        cts, beqns, grads, infos = bt
         for c, g in zip(cts, gouts, strict=True):
             if c is not None:
                 env[c.id] = g
-        shared, eqns = self.shared, self.eqns
-        for e, op, p in zip(beqns, ops, pure, strict=True):
+        shared, eqns, sources = self.shared, self.eqns, self.sources
+        for e, (op, p, mm) in zip(beqns, infos, strict=True):
             ins = [a if type(a) is Lit else env[a.id] for a in e.inputs]
             if p:   # reads forward values only: the same for every node sharing them
                 k = (id(e), *[id(a) for a in ins])
@@ -187,23 +198,35 @@ class _Composer:
                     for v, o in zip(e.outvars, made, strict=True):
                         env[v.id] = o
                     continue
-            outs = []
-            for v in e.outvars:
-                o = env[v.id] = Var(v.aval)
-                outs.append(o)
+            if len(e.outvars) == 1:
+                v = e.outvars[0]
+                out = env[v.id] = Var(v.aval)
+                outs = [out]
+            else:
+                outs = []
+                for v in e.outvars:
+                    o = env[v.id] = Var(v.aval)
+                    outs.append(o)
             if p:
                 shared[k] = outs
-            where = self.sources.get((source, op))
+            where = sources.get((source, op))
             if where is None:
-                where = self.sources[(source, op)] = f"{source or '?'} (backward of {op})"
+                where = sources[(source, op)] = f"{source or '?'} (backward of {op})"
             new = Eqn(e.op, ins, outs, e.params, where)
             eqns.append(new)
-            if e.op == "matmul" and not p and len(ins[0].aval.shape) == 2 \
-                    and len(ins[1].aval.shape) == 2:
+            if mm:
                 self.matmuls[outs[0].id] = new
+        terms = self.terms
         for (var, gsrc, _), g in zip(n.args, grads, strict=True):
             if g is not None and gsrc is not None:
-                self.add(var, g if type(g) is Lit else env[g.id])
+                if type(g) is Lit:
+                    raise NoTemplate
+                g = env[g.id]
+                t = terms.get(var.id)
+                if t is None:
+                    terms[var.id] = [g]
+                else:
+                    t.append(g)
 
     def add(self, var: Var, g: Any) -> None:
         if type(g) is Lit:
