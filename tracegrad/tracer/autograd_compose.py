@@ -107,7 +107,8 @@ def _backward_template(tpl: tuple, needs: tuple, has_ct: tuple) -> tuple | None:
     # which make a contribution a merge may sum (see _Composer.total)
     mm = [e.op == "matmul" and not p and len(e.inputs[0].aval.shape) == 2
           and len(e.inputs[1].aval.shape) == 2 for e, p in zip(eqns, pure, strict=True)]
-    return cts, eqns, atoms, list(zip(ops, pure, mm, strict=True))
+    tr = [e.op == "transpose" and tuple(e.params["perm"]) == (1, 0) for e in eqns]
+    return cts, eqns, atoms, list(zip(ops, pure, mm, tr, strict=True))
 
 
 def compose(order: list, in_vars: list, in_gsrc: list, roots: list) -> tuple[ir.Graph, list]:
@@ -142,7 +143,9 @@ class _Composer:
         self.shared: dict[tuple, list] = {}  # (template equation, inputs) -> outputs
         self.sources: dict[tuple, str] = {}
         self.matmuls: dict[int, Eqn] = {}   # var id -> the 2-d matmul making a contribution
-        self.merged: set[int] = set()       # ids of matmul equations summed by a merge
+        self.transposes: dict[int, Eqn] = {}    # var id -> the 2-d transpose making it
+        self.merged: set[int] = set()       # ids of equations a merge made unneeded
+        self.concats: dict[tuple, Var] = {}     # (axis, operand ids) -> concatenation
 
     def forward(self, n: Any) -> dict:
         """Append node `n`'s equations; returns its template variable id -> variable."""
@@ -189,7 +192,7 @@ class _Composer:
             if c is not None:
                 env[c.id] = g
         shared, eqns, sources = self.shared, self.eqns, self.sources
-        for e, (op, p, mm) in zip(beqns, infos, strict=True):
+        for e, (op, p, mm, tr) in zip(beqns, infos, strict=True):
             ins = [a if type(a) is Lit else env[a.id] for a in e.inputs]
             if p:   # reads forward values only: the same for every node sharing them
                 k = (id(e), *[id(a) for a in ins])
@@ -216,6 +219,8 @@ class _Composer:
             eqns.append(new)
             if mm:
                 self.matmuls[outs[0].id] = new
+            elif tr:
+                self.transposes[outs[0].id] = new
         terms = self.terms
         for (var, gsrc, _), g in zip(n.args, grads, strict=True):
             if g is not None and gsrc is not None:
@@ -258,26 +263,47 @@ class _Composer:
         if len(made) < 3 or len({id(t) for t in made}) < len(made):
             return terms
         mms = [self.matmuls.pop(t.id) for t in made]
-        lhs, rhs = [m.inputs[0] for m in mms], [m.inputs[1] for m in mms]
-        a, b = lhs[0].aval, rhs[0].aval
-        cat_l = Var(Aval((a.shape[0], sum(x.aval.shape[1] for x in lhs)), a.dtype))
-        cat_r = Var(Aval((sum(x.aval.shape[0] for x in rhs), b.shape[1]), b.dtype))
-        out = Var(var.aval)
-        source = mms[0].source
-        self.eqns += [Eqn("concatenate", lhs, [cat_l], {"axis": 1}, source),
-                      Eqn("concatenate", rhs, [cat_r], {"axis": 0}, source),
-                      Eqn("matmul", [cat_l, cat_r], [out], {}, source)]
         self.merged.update(id(m) for m in mms)
+        source = mms[0].source
+        lhs = [m.inputs[0] for m in mms]
+        flips = [self.transposes.get(x.id) for x in lhs]
+        if all(f is not None for f in flips):   # [x_1^T .. x_n^T] = [x_1; ..; x_n]^T
+            self.merged.update(id(f) for f in flips)
+            stacked = self._concat([f.inputs[0] for f in flips], 0, source)
+            cat_l = Var(Aval(stacked.aval.shape[::-1], stacked.aval.dtype))
+            self.eqns.append(Eqn("transpose", [stacked], [cat_l], {"perm": (1, 0)}, source))
+        else:
+            cat_l = self._concat(lhs, 1, source)
+        cat_r = self._concat([m.inputs[1] for m in mms], 0, source)
+        out = Var(var.aval)
+        self.eqns.append(Eqn("matmul", [cat_l, cat_r], [out], {}, source))
         merged = {t.id for t in made}
         return [out] + [t for t in terms if t.id not in merged]
 
+    def _concat(self, xs: list, axis: int, source: str | None) -> Var:
+        key = (axis, *[id(x) for x in xs])
+        out = self.concats.get(key)
+        if out is None:
+            a = xs[0].aval
+            shape = list(a.shape)
+            shape[axis] = sum(x.aval.shape[axis] for x in xs)
+            out = self.concats[key] = Var(Aval(tuple(shape), a.dtype))
+            self.eqns.append(Eqn("concatenate", list(xs), [out], {"axis": axis}, source))
+        return out
+
     def finish(self, outs: list) -> list:
-        """The equations, without the matmuls a merge summed (unless something else reads
-        them)."""
-        if not self.merged:
+        """The equations, without those a merge made unneeded (unless something else still
+        reads them)."""
+        merged = self.merged
+        if not merged:
             return self.eqns
-        read = {a.id for e in self.eqns if id(e) not in self.merged for a in e.inputs
+        read = {a.id for e in self.eqns if id(e) not in merged for a in e.inputs
                 if type(a) is not Lit}
         read.update(a.id for a in outs if type(a) is not Lit)
-        return [e for e in self.eqns
-                if id(e) not in self.merged or e.outvars[0].id in read]
+        kept = {id(e) for e in self.eqns if id(e) in merged and e.outvars[0].id in read}
+        while kept:     # what a kept equation reads is kept too
+            more = {a.id for e in self.eqns if id(e) in kept for a in e.inputs
+                    if type(a) is not Lit}
+            merged = merged - kept
+            kept = {id(e) for e in self.eqns if id(e) in merged and e.outvars[0].id in more}
+        return [e for e in self.eqns if id(e) not in merged]
