@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from . import emit as E
 from .builder import Builder, Traced
-from .core import Eqn, Graph, Lit, Var, is_float
+from .core import Eqn, Graph, Lit, Var, is_float, remember
 from .ops import OPS
 from .passes import _frozen_params
 from .rules import JVP, PARTIAL_VJP, VJP
@@ -100,10 +100,7 @@ def _vjp(b: Builder, e: Any, gs: list, ins: list, outs: list, need: tuple | None
     except TypeError:   # params that cannot be hashed
         return _rule(e, gs, ins, outs, need)
     if tpl is None:
-        tpl = _record(e, atoms, sig, need)
-        if len(_TEMPLATES) > 4096:
-            _TEMPLATES.clear()
-        _TEMPLATES[key] = tpl
+        tpl = remember(_TEMPLATES, key, _record(e, atoms, sig, need), 4096)
     if tpl is False:
         return _rule(e, gs, ins, outs, need)
     in_ids, eqns, results = tpl

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .core import Atom, Aval, Eqn, Graph, Lit, Var, aval_of
+from .core import Atom, Aval, Eqn, Graph, Lit, Var, aval_of, remember
 from .ops import OPS, DTypeError, ShapeError
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,11 +37,8 @@ def user_source() -> str | None:
             name = files[code]
         except KeyError:
             fn = code.co_filename
-            name = None if fn.startswith(_PKG_DIR) or fn.startswith("<frozen") \
-                else os.path.basename(fn)
-            if len(files) > 8192:
-                files.clear()
-            files[code] = name
+            name = remember(files, code, None if fn.startswith(_PKG_DIR)
+                            or fn.startswith("<frozen") else os.path.basename(fn))
         if name is not None:
             return f"{name}:{f.f_lineno}"
         f = f.f_back
@@ -77,11 +74,7 @@ def out_avals_of(op: str, avals: list[Aval], params: dict, source: str | None = 
         where = f" (at {source})" if source else ""
         raise type(e)(f"{op}: {e}{where}") from None
     out = list(out) if opdef.multi_out else [out]
-    if key is not None:
-        if len(_RULES) > 16384:
-            _RULES.clear()
-        _RULES[key] = out
-    return out
+    return out if key is None else remember(_RULES, key, out, 16384)
 
 
 class Builder:

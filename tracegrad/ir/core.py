@@ -14,6 +14,15 @@ _SHORT = {
 }
 
 
+def remember(table: dict, key: Any, value: Any, limit: int = 8192) -> Any:
+    """`table[key] = value` for the memo tables of the tracing path, emptied when they reach
+    `limit` entries (what they hold is cheap to make again). Returns `value`."""
+    if len(table) >= limit:
+        table.clear()
+    table[key] = value
+    return value
+
+
 def short_dtype(dtype: np.dtype) -> str:
     short = _SHORT.get(dtype)
     return short if short is not None else _SHORT.get(np.dtype(dtype), str(dtype))
@@ -40,9 +49,8 @@ class Aval:
     def __str__(self) -> str:
         text = _AVAL_TEXT.get(self)
         if text is None:
-            if len(_AVAL_TEXT) > 4096:
-                _AVAL_TEXT.clear()
-            text = _AVAL_TEXT[self] = f"{short_dtype(self.dtype)}[{','.join(map(str, self.shape))}]"
+            text = remember(_AVAL_TEXT, self,
+                            f"{short_dtype(self.dtype)}[{','.join(map(str, self.shape))}]")
         return text
 
 

@@ -5,7 +5,7 @@ import hashlib
 
 import numpy as np
 
-from .core import Graph, Lit
+from .core import Graph, Lit, remember
 
 
 def _param(value) -> str:
@@ -32,10 +32,7 @@ def _params_text(params: dict) -> str:
     if hit is not None and hit[0] is params:
         return hit[1]
     text = ";".join(f"{k}={_param(v)}" for k, v in params.items())
-    if len(_PARAMS_TEXT) > 8192:
-        _PARAMS_TEXT.clear()
-    _PARAMS_TEXT[id(params)] = (params, text)
-    return text
+    return remember(_PARAMS_TEXT, id(params), (params, text))[1]
 
 
 def structural_hash(graph: Graph) -> str:

@@ -5,7 +5,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .core import Graph, Lit
+from .core import Graph, Lit, remember
 from .ops import OPS, np_index
 from .passes import _frozen_params
 
@@ -143,11 +143,7 @@ def _step_fn(e: Any, multi: bool) -> Callable:
         fn = _generic_fn(e)
     elif not e.outvars[0].aval.shape:
         fn = _scalar_result(fn)
-    if key is not None:
-        if len(_FNS) > 8192:
-            _FNS.clear()
-        _FNS[key] = fn
-    return fn
+    return fn if key is None else remember(_FNS, key, fn)
 
 
 class Program:

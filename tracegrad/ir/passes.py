@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .core import Atom, Eqn, Graph, Lit, Var
+from .core import Atom, Eqn, Graph, Lit, Var, remember
 from .ops import OPS
 
 _NO_FOLD = {"random", "custom_vjp_call", "stop_gradient"}
@@ -183,11 +183,7 @@ def _frozen_params(params: dict) -> Any:
     hit = _FROZEN.get(id(params))
     if hit is not None and hit[0] is params:
         return hit[1]
-    frozen = _freeze(params)
-    if len(_FROZEN) > 8192:
-        _FROZEN.clear()
-    _FROZEN[id(params)] = (params, frozen)
-    return frozen
+    return remember(_FROZEN, id(params), (params, _freeze(params)))[1]
 
 
 def rewrite(graph: Graph) -> Graph:
