@@ -96,12 +96,15 @@ class Tensor:
             return self._fn
         if not self._rg:
             return None
-        x = self._extra()
-        ref = x.get("acc")
-        acc = ref() if ref is not None else None
-        if acc is None:
-            acc = AccumulateGrad(self)
-            x["acc"] = weakref.ref(acc)
+        x = self._x
+        if x is not None:
+            ref = x.get("acc")
+            if ref is not None:
+                acc = ref()
+                if acc is not None:
+                    return acc
+        acc = AccumulateGrad(self)
+        self._extra()["acc"] = weakref.ref(acc)
         return acc
 
     def _vsrc(self) -> Any:
