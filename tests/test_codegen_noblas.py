@@ -1,10 +1,13 @@
-"""The generated-GEMM path that `pip install tracegrad` without scipy takes: large matmuls
-(and their gradients) compiled with no BLAS must agree with the interpreter. Runs in a child
-process in which scipy's BLAS cannot be imported."""
+"""The generated-GEMM path taken where no BLAS is found (no numpy-bundled OpenBLAS, no scipy):
+large matmuls (and their gradients) compiled with no BLAS must agree with the interpreter.
+Runs in a child process with TRACEGRAD_BLAS=none, in which scipy's BLAS cannot be imported
+either; and numpy's OpenBLAS and scipy's agree bitwise where both are found."""
 import os
 import subprocess
 import sys
 import textwrap
+
+import numpy as np
 
 CHILD = textwrap.dedent("""
     import sys
@@ -38,7 +41,34 @@ CHILD = textwrap.dedent("""
 
 
 def test_large_matmuls_without_blas_match_the_interpreter():
-    env = dict(os.environ, TRACEGRAD_DISK_CACHE="0")
+    env = dict(os.environ, TRACEGRAD_DISK_CACHE="0", TRACEGRAD_BLAS="none")
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
                          env=env, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+BOTH = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    import tracegrad as tg
+    from tracegrad.runtime import blas
+    print(blas.blas_int_bits())
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((300, 200)).astype(np.float32)
+    b = rng.standard_normal((200, 100)).astype(np.float32)
+    f = tg.jit(lambda a, b: (a @ b, a.T @ (a @ b)))
+    np.save(sys.argv[1], np.concatenate([r.ravel() for r in f(a, b)]))
+""")
+
+
+def test_numpy_and_scipy_openblas_agree(tmp_path):
+    outs = {}
+    for choice in ("", "scipy"):
+        env = dict(os.environ, TRACEGRAD_DISK_CACHE="0", TRACEGRAD_BLAS=choice)
+        path = str(tmp_path / f"out{choice}.npy")
+        res = subprocess.run([sys.executable, "-c", BOTH, path], capture_output=True,
+                             text=True, env=env, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        outs[choice] = (res.stdout.split(), np.load(path))
+    assert outs["scipy"][0] == ["32"]
+    np.testing.assert_array_equal(outs[""][1], outs["scipy"][1])

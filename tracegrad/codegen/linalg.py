@@ -5,8 +5,8 @@ GEMM choice, measured on the dev machine (2-core AMD EPYC, AVX2; one call, input
   32x32x32   generated loop 10 us   scipy sgemm 14 us
   64x64x64   generated loop 41 us   scipy sgemm 18 us
   128x784x512 generated loop 3.8 ms  scipy sgemm 1.4 ms (one thread)
-so matmuls of at least BLAS_MIN_WORK multiply-adds call scipy's OpenBLAS ?gemm through its
-cython_blas function pointer, and smaller or integer ones use the i-k-j loop (vectorised over
+so matmuls of at least BLAS_MIN_WORK multiply-adds call OpenBLAS ?gemm through a function
+pointer (runtime/blas.py finds it), and smaller or integer ones use the i-k-j loop (vectorised over
 the output row). Big GEMMs are split by rows (or batch) into pool tasks, each calling OpenBLAS
 with its thread-local thread count set to 1: OpenBLAS's own threads spin after each call and
 fought with our pool, making whole steps 3-10x slower on 2 cores. Each task re-packs the
@@ -60,8 +60,9 @@ def uses_blas(group: Group) -> bool:
 
 
 def emit_matmul(k: Kernel, group: Group, blas: bool,
-                split: tuple[int, int, bool]) -> None:
-    """`split`: what `gemm_tasks` chose, for a BLAS matmul."""
+                split: tuple[int, int, bool], int_bits: int = 32) -> None:
+    """`split`: what `gemm_tasks` chose, and `int_bits` the width of ?gemm's integer
+    arguments, for a BLAS matmul."""
     b = k.b
     (a, ta), (bb, tb) = group.operands
     out = group.eqns[0].out
@@ -78,7 +79,7 @@ def emit_matmul(k: Kernel, group: Group, blas: bool,
     sa0, sa1 = (1, m) if ta else (kk, 1)
     sb0, sb1 = (1, kk) if tb else (n, 1)
     if blas:
-        _blas(k, group, ta, tb, pa, pb, pc, split)
+        _blas(k, group, ta, tb, pa, pb, pc, split, ir.IntType(int_bits))
         return
 
     def each_batch(t):
@@ -130,16 +131,16 @@ def gemm_tasks(group: Group, threads: int) -> tuple[int, int, bool]:
 
 
 def _blas(k: Kernel, group: Group, ta: bool, tb: bool, pa, pb, pc,
-          split: tuple[int, int, bool]) -> None:
+          split: tuple[int, int, bool], it: ir.IntType) -> None:
     """Row-major C = op(A) op(B) as column-major C^T = op(B)^T op(A)^T through ?gemm."""
     b = k.b
     batch, m, kk, n = gemm_dims(group)
     tasks, chunk, cols = split
     ft = pa.type.pointee
-    i32p = I32.as_pointer()
-    fnty = ir.FunctionType(VOID, [I8.as_pointer()] * 2 + [i32p] * 3 + [ft.as_pointer()] * 2
-                           + [i32p] + [ft.as_pointer()] + [i32p] + [ft.as_pointer()] * 2
-                           + [i32p])
+    ip = it.as_pointer()
+    fnty = ir.FunctionType(VOID, [I8.as_pointer()] * 2 + [ip] * 3 + [ft.as_pointer()] * 2
+                           + [ip] + [ft.as_pointer()] + [ip] + [ft.as_pointer()] * 2
+                           + [ip])
     fp = b.bitcast(k.ptrs["gemm"], fnty.as_pointer())
 
     def cell(t: ir.Type, v) -> ir.Value:
@@ -157,36 +158,37 @@ def _blas(k: Kernel, group: Group, ta: bool, tb: bool, pa, pb, pc,
 
     trans_b = cell(I8, ord("T") if tb else ord("N"))
     trans_a = cell(I8, ord("T") if ta else ord("N"))
-    kp = cell(I32, kk)
-    lda = cell(I32, kk if tb else n)    # leading dim of the stored B
-    ldb = cell(I32, m if ta else kk)    # leading dim of the stored A
-    ldc = cell(I32, n)
+    kp = cell(it, kk)
+    lda = cell(it, kk if tb else n)    # leading dim of the stored B
+    ldb = cell(it, m if ta else kk)    # leading dim of the stored A
+    ldc = cell(it, n)
     alpha, beta = cell(ft, 1.0), cell(ft, 0.0)
 
     def call(t, r0, nrows, c0=None, ncols=None):
         # rows r0.. of op(A) start at r0 * (row stride) of the stored A, columns c0.. of
         # op(B) at c0 * (column stride) of the stored B; C's block at r0 * n + c0
         c0 = i64(0) if c0 is None else c0
-        ncols = ir.Constant(I32, n) if ncols is None else ncols
+        ncols = ir.Constant(it, n) if ncols is None else ncols
         ob = b.add(b.mul(t, i64(kk * n)), b.mul(c0, i64(kk if tb else 1)))
         oc = b.add(b.add(b.mul(t, i64(m * n)), b.mul(r0, i64(n))), c0)
         oa = b.add(b.mul(t, i64(m * kk)), b.mul(r0, i64(1 if ta else kk)))
-        b.call(fp, [trans_b, trans_a, cell(I32, ncols), cell(I32, nrows), kp, alpha,
+        b.call(fp, [trans_b, trans_a, cell(it, ncols), cell(it, nrows), kp, alpha,
                     b.gep(pb, [ob], inbounds=True), lda,
                     b.gep(pa, [oa], inbounds=True), ldb, beta,
                     b.gep(pc, [oc], inbounds=True), ldc])
 
     if tasks == 1:
-        k.for_range(i64(0), i64(batch), lambda t: call(t, i64(0), ir.Constant(I32, m)))
+        k.for_range(i64(0), i64(batch), lambda t: call(t, i64(0), ir.Constant(it, m)))
     elif batch > 1:
-        call(k.task, i64(0), ir.Constant(I32, m))
+        call(k.task, i64(0), ir.Constant(it, m))
     else:
         start = b.mul(k.task, i64(chunk))
-        left = b.trunc(b.sub(i64(n if cols else m), start), I32)
-        size = b.select(b.icmp_signed("<", left, ir.Constant(I32, chunk)), left,
-                        ir.Constant(I32, chunk))
+        left = b.sub(i64(n if cols else m), start)
+        left = left if it.width == 64 else b.trunc(left, it)
+        size = b.select(b.icmp_signed("<", left, ir.Constant(it, chunk)), left,
+                        ir.Constant(it, chunk))
         if cols:
-            call(i64(0), i64(0), ir.Constant(I32, m), start, size)
+            call(i64(0), i64(0), ir.Constant(it, m), start, size)
         else:
             call(i64(0), start, size)
     if_then(b, has_setter, lambda: b.call(setter, [b.load(old)]))

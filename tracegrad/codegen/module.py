@@ -72,10 +72,11 @@ class Lowered:
 
 
 class _Lowering:
-    def __init__(self, graph: Graph, use_blas: bool, threads: int):
+    def __init__(self, graph: Graph, use_blas: bool, threads: int, blas_int_bits: int = 32):
         self.graph = graph
         self.use_blas = use_blas
         self.threads = threads
+        self.blas_int_bits = blas_int_bits
         self.plan = plan_graph(graph)
         self.math_sites = sum(e.op in TRANSCENDENTAL for e in self.plan.graph.eqns)
         self.module = ir.Module(name="tracegrad")
@@ -336,9 +337,9 @@ class _Lowering:
                 self.slot["blas_threads"] = SLOT_BLAS_THREADS
                 self.dtype["blas_threads"] = np.dtype(np.int8)
             gsplit = self.gemm_plan[self.group_index[id(group)]]
-            k = self.kernel(name, keys, group, ("blas", blas, gsplit))
+            k = self.kernel(name, keys, group, ("blas", blas, gsplit, self.blas_int_bits))
             if k.fresh:
-                emit_matmul(k, group, blas, gsplit)
+                emit_matmul(k, group, blas, gsplit, self.blas_int_bits)
             self.layout_blas = self.layout_blas or blas
             return [(k.finish(), gsplit[0])]
         reads = [a.id for e in group.eqns for a in e.inputs
@@ -392,8 +393,10 @@ def group_work(group: Group) -> int:
     return group.size
 
 
-def lower_graph(graph: Graph, use_blas: bool = True, threads: int = 1) -> Lowered:
+def lower_graph(graph: Graph, use_blas: bool = True, threads: int = 1,
+                blas_int_bits: int = 32) -> Lowered:
     """Plan fusion groups and emit the LLVM module and buffer layout for `graph`.
-    `use_blas`: large float matmuls call the ?gemm whose address is in slots 1-2.
+    `use_blas`: large float matmuls call the ?gemm whose address is in slots 1-2, whose
+    integer arguments are `blas_int_bits` wide.
     `threads`: the pool size GEMMs are split for (results do not depend on it)."""
-    return _Lowering(graph, use_blas, threads).lower()
+    return _Lowering(graph, use_blas, threads, blas_int_bits).lower()

@@ -24,7 +24,7 @@ from .. import __version__
 from ..codegen import ENTRY, Layout
 from ..ir import Graph, structural_hash
 from . import stats
-from .blas import gemm_addresses
+from .blas import blas_int_bits
 from .compiler import compile_object, optimised_module
 from .executable import Executable
 from .jit import load_object
@@ -63,16 +63,17 @@ def disk_enabled() -> bool:
     return os.environ.get("TRACEGRAD_DISK_CACHE", "1") not in ("0", "")
 
 
-def uses_blas(graph: Graph) -> bool:
-    """Whether large matmuls of `graph` call BLAS. Asked only of graphs with a matmul:
-    finding BLAS imports scipy.linalg (~0.4 s)."""
-    return any(e.op == "matmul" for e in graph.eqns) and gemm_addresses()[0] != 0
+def blas_for(graph: Graph) -> int:
+    """How large matmuls of `graph` call BLAS: the width of its integer arguments, or 0 for
+    generated loops. Asked only of graphs with a matmul: finding BLAS may import scipy.linalg
+    (~0.4 s)."""
+    return blas_int_bits() if any(e.op == "matmul" for e in graph.eqns) else 0
 
 
 def cache_key(graph: Graph) -> str:
     # GEMMs are split for the pool's size (results do not depend on it, speed does)
     text = "|".join([structural_hash(graph), target_id(), __version__, backend_revision(),
-                     f"blas={uses_blas(graph)}", f"threads={num_threads()}"])
+                     f"blas={blas_for(graph)}", f"threads={num_threads()}"])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -125,7 +126,7 @@ def _write_entry(path: str, obj: bytes, layout: Layout) -> None:
 def _code_text(graph: Graph, mod_holder: list) -> Any:
     def text(what: str) -> str:
         if not mod_holder:   # loaded from disk: rebuild the module (no recompile of code)
-            mod_holder.append(optimised_module(graph, uses_blas(graph), num_threads())[1])
+            mod_holder.append(optimised_module(graph, blas_for(graph), num_threads())[1])
         mod = mod_holder[0]
         return str(mod) if what == "llvm_ir" else emit_assembly(mod)
     return text
@@ -165,7 +166,7 @@ def _build(graph: Graph, key: str) -> Executable:
         obj, layout = found
         stats.disk_hits += 1
     else:
-        obj, layout, mod = compile_object(graph, key, uses_blas(graph), num_threads())
+        obj, layout, mod = compile_object(graph, key, blas_for(graph), num_threads())
         holder.append(mod)
         if disk_enabled():
             _write_entry(path, obj, layout)

@@ -27,16 +27,17 @@ def log_compile(msg: str) -> None:
         logger.debug(msg)
 
 
-def optimised_module(graph: Graph, use_blas: bool, threads: int = 1):
-    lowered = lower_graph(graph, use_blas=use_blas, threads=threads)
+def optimised_module(graph: Graph, blas: int, threads: int = 1):
+    """`blas`: the width of BLAS integer arguments, 0 for no BLAS (`cache.blas_for`)."""
+    lowered = lower_graph(graph, use_blas=blas > 0, threads=threads, blas_int_bits=blas or 32)
     return lowered, optimise(str(lowered.module))
 
 
-def compile_object(graph: Graph, key: str, use_blas: bool,
+def compile_object(graph: Graph, key: str, blas: int,
                    threads: int = 1) -> tuple[bytes, Layout, object]:
     """Returns (object code, layout, optimised module)."""
     t0 = time.perf_counter()
-    lowered, mod = optimised_module(graph, use_blas, threads)
+    lowered, mod = optimised_module(graph, blas, threads)
     t1 = time.perf_counter()
     obj = emit_object(mod)
     t2 = time.perf_counter()
