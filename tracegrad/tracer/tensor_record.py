@@ -1,0 +1,469 @@
+"""Recording Tensor ops: each op runs its un-dispatched `tg` function on the arguments' IR
+values in a recording Builder, and the equations it emitted become a Node. Ops are keyed by a
+signature (the function and a description of its arguments), and what one signature emitted is
+kept as a template, so an op seen before is recorded without making any IR (the fast path:
+`_fast_key` and `_replay`); its equations are copied from the template only when needed."""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from ..ir.builder import _PKG_DIR, Builder, Traced
+from ..ir.builder import _state as _trace_state
+from ..ir.core import Aval, Lit, Var
+from .autograd_graph import SAVED, Node, SavedTensor
+from .grad_mode import mode
+from .tensor import Tensor
+
+_new = object.__new__
+
+
+class _Recorder(threading.local):
+    def __init__(self) -> None:
+        self.builder = Builder("tensor")
+
+
+_rec = _Recorder()
+
+
+def _grad_name(name: str, args: tuple, kwargs: dict) -> str:
+    """PyTorch's grad_fn name for a `tg` op called with these arguments."""
+    if name in ("Sum", "Mean", "Prod"):
+        dim = kwargs.get("axis", kwargs.get("dim", args[1] if len(args) > 1 else None))
+        return f"{name}Backward{0 if dim is None else 1}"
+    if name in ("Max", "Min"):
+        dim = kwargs.get("axis", kwargs.get("dim", args[1] if len(args) > 1 else None))
+        return f"{name}Backward{1 if dim is None else 0}"
+    if name == "Pow":
+        if not isinstance(args[0], Tensor):
+            return "PowBackward2"
+        return "PowBackward1" if isinstance(args[1], Tensor) else "PowBackward0"
+    if name == "Sub" and not isinstance(args[0], Tensor):
+        return "RsubBackward1"
+    if name in ("Square", "Div") and not isinstance(args[0], Tensor) or name == "Dropout":
+        return "MulBackward0"
+    if name == "Square":
+        return "PowBackward0"
+    if name == "Mm":
+        nd = (np.ndim(args[0]) if not isinstance(args[0], Tensor) else args[0].ndim,
+              np.ndim(args[1]) if not isinstance(args[1], Tensor) else args[1].ndim)
+        return {(2, 2): "MmBackward0", (1, 1): "DotBackward0", (2, 1): "MvBackward0",
+                (1, 2): "SqueezeBackward4"}.get(nd, "UnsafeViewBackward0")
+    if name == "Index":
+        return _index_name(args[1])
+    if name == "Squeeze":
+        return "SqueezeBackward1" if len(args) > 1 or kwargs else "SqueezeBackward0"
+    if name == "Clamp":
+        return "ClampBackward1"
+    return f"{name}Backward0"
+
+
+def _index_name(index: Any) -> str:
+    items = index if isinstance(index, tuple) else (index,)
+    last = "Alias"
+    for i in items:
+        if isinstance(i, (Tensor, np.ndarray, list)):
+            return "IndexBackward0"
+        if i is None:
+            last = "Unsqueeze"
+        elif isinstance(i, (int, np.integer)):
+            last = "Select"
+        elif isinstance(i, slice) and i != slice(None):
+            last = "Slice"
+    return f"{last}Backward0"
+
+
+def _concrete(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """Inside a `jit`/`grad` trace, Tensors are plain values of that trace."""
+    def val(a: Any) -> Any:
+        if isinstance(a, Tensor):
+            return a._val()
+        if isinstance(a, (list, tuple)):
+            return type(a)(val(x) for x in a)
+        return a
+    return fn(*[val(a) for a in args], **{k: val(v) for k, v in kwargs.items()})
+
+
+def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True,
+           keep_arrays: bool = False, deps: tuple = (), cache: bool = True) -> Any:
+    """Run the un-dispatched op `fn` on the arguments' IR values, recording a Node.
+
+    The node's `sig` — `fn` and a description of the arguments (shapes, dtypes, which
+    entries they read, Python values) — determines the IR it emitted, so equal signatures
+    let whole graphs be recognised without comparing equations (see autograd_graph)."""
+    if _trace_state.stack:
+        return _concrete(fn, args, kwargs)
+    key = None
+    if not kwargs and not deps and cache:
+        if len(args) == 2 and type(args[0]) is Tensor and type(args[1]) is Tensor:
+            a, b = args     # the commonest case, keyed here directly (as _fast_key would)
+            va, vb = a._var, b._var
+            if va is vb:
+                aval = va.aval
+                key, tensors = (fn, name, aval.shape, aval.dtype, 0), (a,)
+            else:
+                aa, ab = va.aval, vb.aval
+                key, tensors = (fn, name, aa.shape, aa.dtype, ab.shape, ab.dtype), args
+        else:
+            fast = _fast_key(fn, name, args)
+            if fast is not None:
+                key, tensors = fast
+        if key is not None:
+            hit = _fast.get(key)
+            if hit is not None:
+                return _replay(hit, name, args, tensors, grad)
+    if name == "Dropout" and kwargs.get("seed") is None:
+        from .random import next_seed    # a graph input, so graphs hash alike across steps
+        kwargs = dict(kwargs, seed=np.asarray(next_seed(), np.int64))
+    b = _rec.builder
+    grad_on = mode.grad and grad
+    entries: list = []
+    seen: dict[int, Traced] = {}
+    desc: list = [fn]
+
+    def un(a: Any, top: bool) -> Any:
+        if isinstance(a, Tensor):
+            var = a._var
+            tr = seen.get(var.id)
+            if tr is None:
+                entries.append((var, a._gsrc() if grad_on else None,
+                                a._value if a._value is not None else a._node))
+                tr = seen[var.id] = Traced(b, var)
+            desc.append((var.id, var.aval.shape, var.aval.dtype))
+            return tr
+        if isinstance(a, np.ndarray):
+            if top and not keep_arrays:
+                var = Var(Aval(a.shape, a.dtype))
+                entries.append((var, None, a))
+                desc.append((a.shape, a.dtype))
+                return Traced(b, var)
+            desc.append(None)       # an array baked into the IR: never cached
+            return a
+        if isinstance(a, (list, tuple)):
+            if hasattr(a, "_fields"):
+                desc.append(a)
+                return a
+            desc.append(len(a))
+            return type(a)(un(x, False) for x in a)
+        if isinstance(a, Traced):
+            raise _MixedTrace
+        if isinstance(a, slice):
+            desc.append((a.start, a.stop, a.step))
+        else:   # 1, 1.0 and True hash alike but emit different IR
+            desc.append((type(a), a))
+        return a
+
+    try:
+        args2 = [un(a, True) for a in args]
+        if kwargs:
+            kwargs2 = {}
+            for k, v in kwargs.items():
+                desc.append(k)
+                kwargs2[k] = un(v, True)
+        else:
+            kwargs2 = kwargs
+    except _MixedTrace:
+        return _concrete(fn, args, kwargs)
+    sig = tpl = None
+    if cache and not deps and None not in desc:
+        sig = _signature(desc)
+        try:
+            tpl = _templates.get(sig)
+        except TypeError:       # an argument that cannot be hashed: no signature
+            sig = None
+    source = _user_line()
+    if tpl is not None:     # seen before: copy the recorded IR instead of re-deriving it
+        out_vars = _out_vars(tpl[2])
+        eqns = None
+        multi = tpl[3] is not None
+    else:
+        b.source_override = source
+        _trace_state.stack.append(b)
+        try:
+            out = fn(*args2, **kwargs2)
+            multi = isinstance(out, (list, tuple))
+            out_type = type(out) if multi else None
+            outs = list(out) if multi else [out]
+            out_vars = [_own_var(b, o, entries) for o in outs]
+            eqns = b.eqns
+            if b.constvars:
+                entries.extend((v, None, c)
+                               for v, c in zip(b.constvars, b.consts, strict=True))
+                sig = None
+        finally:
+            _trace_state.stack.pop()
+            b.source_override = None
+            b.eqns = []
+            if b.constvars:
+                b.constvars, b.consts, b._const_ids, b._keepalive = [], [], {}, []
+        if sig is not None:
+            if len(_templates) > TEMPLATE_LIMIT:
+                _templates.clear()
+                _names.clear()
+                _fast.clear()
+            tpl = _templates[sig] = ([e[0].id for e in entries], eqns, out_vars, out_type,
+                                     next(_sig_ids))
+    if deps:
+        entries.extend(deps)
+    requires = grad_on and any(e[1] is not None for e in entries)
+    node = Node(eqns, entries, [v for v in out_vars if v is not None], False, "",
+                None if sig is None else tpl, source)
+    results = _results(node, out_vars, requires)
+    if sig is not None:
+        node.sig = 2 * tpl[4] + node.grad
+    if node.grad:
+        gname = _names.get((name, sig)) if sig is not None else None
+        if gname is None:
+            gname = _grad_name(name, args, kwargs)
+            if sig is not None:
+                _names[(name, sig)] = gname
+        node.name_ = gname
+        _save(node, name, args, results[0])
+    if key is not None and sig is not None:
+        touts = tpl[2]
+        single = len(touts) == 1 and touts[0] is not None and tpl[3] is None
+        _fast[key] = (tpl, _names.get((name, sig)) or _grad_name(name, args, kwargs),
+                      SAVED.get(name), touts[0].aval if single else None,
+                      single and touts[0].aval.dtype.kind == "f", 2 * tpl[4])
+    if not multi:
+        return results[0]
+    out_type = tpl[3] if tpl is not None else out_type
+    return out_type(*results) if hasattr(out_type, "_fields") else out_type(results)
+
+
+def _results(node: Node, out_vars: list, requires: bool) -> list:
+    results = []
+    for v in out_vars:
+        if v is None:
+            results.append(None)
+            continue
+        differentiable = requires and v.aval.dtype.kind == "f"
+        if differentiable:
+            node.grad = True
+        results.append(Tensor._from_var(v, node, node if differentiable else None))
+    if mode.inference:
+        for t in results:
+            if t is not None:
+                t._x = {"inference": True}
+    return results
+
+
+def _fast_key(fn: Callable, name: str, args: tuple) -> tuple | None:
+    """A cheap stand-in for an op's signature when its arguments are only Tensors and Python
+    scalars (the common case), as a flat tuple: `fn`, `name`, then per argument either the
+    index of the earlier tensor it repeats, a tensor's shape and dtype, or a scalar's (type,
+    value). Returns (key, the distinct tensors) or None."""
+    if len(args) == 1 and isinstance(args[0], Tensor):
+        aval = args[0]._var.aval
+        return (fn, name, aval.shape, aval.dtype), args
+    key: list = [fn, name]
+    tensors: list = []
+    for a in args:
+        if isinstance(a, Tensor):
+            v = a._var
+            for i, t in enumerate(tensors):
+                if t._var is v:
+                    key.append(i)
+                    break
+            else:
+                tensors.append(a)
+                aval = v.aval
+                key.append(aval.shape)
+                key.append(aval.dtype)
+        elif type(a) in _SCALARS and name != "Dropout":
+            key.append((type(a), a))
+        else:
+            return None
+    return tuple(key), tensors
+
+
+_SCALARS = (float, int, bool)
+
+
+def _replay(hit: tuple, name: str, args: tuple, tensors: list, grad: bool) -> Any:
+    """Record an op whose fast key was seen before: no IR is made until it is needed."""
+    tpl, gname, saves, aval, float_out, sig = hit
+    entries = []
+    requires = False
+    if grad and mode.grad:
+        for a in tensors:
+            gsrc = a._fn
+            if gsrc is None and a._rg:
+                gsrc = a._gsrc()
+            if gsrc is not None:
+                requires = True
+            val = a._value
+            entries.append((a._var, gsrc, val if val is not None else a._node))
+    else:
+        for a in tensors:
+            val = a._value
+            entries.append((a._var, None, val if val is not None else a._node))
+    if aval is None:
+        out_vars = _out_vars(tpl[2])
+        node = Node(None, entries, [v for v in out_vars if v is not None], False, "", tpl,
+                    _user_line(3))
+        results = _results(node, out_vars, requires)
+    else:       # one output: made here directly
+        v = Var(aval)
+        node = Node(None, entries, [v], False, "", tpl, _user_line(3))
+        t = _new(Tensor)
+        t._var = v
+        t._value = None
+        t._node = node
+        t._vc = [0]
+        t._x = {"inference": True} if mode.inference else None
+        if requires and float_out:
+            node.grad = True
+            t._fn = node
+            t._rg = True
+        else:
+            t._fn = None
+            t._rg = False
+        node.sig = sig + node.grad
+        if node.grad:
+            node.name_ = gname
+            if saves:
+                _save(node, name, args, t, saves)
+            else:
+                node.saved = ()
+        return t
+    node.sig = sig + node.grad
+    if node.grad:
+        node.name_ = gname
+        if saves:
+            _save(node, name, args, results[0], saves)
+        else:
+            node.saved = ()
+    out_type = tpl[3]
+    if out_type is None:
+        return results[0]
+    return out_type(*results) if hasattr(out_type, "_fields") else out_type(results)
+
+
+def _out_vars(touts: list) -> list:
+    """Fresh variables for a template's outputs (one per distinct template variable)."""
+    if len(touts) == 1 and touts[0] is not None:
+        return [Var(touts[0].aval)]
+    made: dict[int, Var] = {}
+    out = []
+    for v in touts:
+        if v is None:
+            out.append(None)
+            continue
+        o = made.get(v.id)
+        if o is None:
+            o = made[v.id] = Var(v.aval)
+        out.append(o)
+    return out
+
+
+_code_inside: dict = {}     # code object -> whether it belongs to tracegrad
+_lines: dict = {}           # (code object, line) -> "file:line"
+
+
+def _user_line(depth: int = 2) -> str | None:
+    """`user_source()` made cheap for every recorded op: which code objects are tracegrad's,
+    and their `file:line` strings, are remembered. Starts `depth` frames up."""
+    f = sys._getframe(depth)
+    while f is not None:
+        code = f.f_code
+        inside = _code_inside.get(code)
+        if inside is None:
+            if len(_code_inside) > 4096:
+                _code_inside.clear()
+                _lines.clear()
+            fn = code.co_filename
+            inside = _code_inside[code] = fn.startswith(_PKG_DIR) or fn.startswith("<frozen")
+        if not inside:
+            where = (code, f.f_lineno)
+            line = _lines.get(where)
+            if line is None:
+                line = _lines[where] = f"{os.path.basename(code.co_filename)}:{f.f_lineno}"
+            return line
+        f = f.f_back
+    return None
+
+
+TEMPLATE_LIMIT = 4096
+_templates: dict = {}     # signature -> (input var ids, eqns, output vars, output type, sig id)
+_names: dict = {}         # (op name, signature) -> grad_fn name
+_fast: dict = {}          # fast key (see _fast_key) -> (template, grad_fn name, saves?)
+_sig_ids = itertools.count()
+
+
+def _signature(desc: list) -> tuple | None:
+    """A hashable stand-in for the IR an op emits: tensors are named by their position among
+    the op's inputs (var ids renumbered), everything else is kept as given."""
+    first: dict[int, int] = {}
+    sig = []
+    for d in desc:
+        if type(d) is tuple and len(d) == 3 and type(d[0]) is int and type(d[1]) is tuple:
+            sig.append((first.setdefault(d[0], len(first)), d[1], d[2]))
+        else:
+            sig.append(d)
+    return tuple(sig)
+
+
+class _MixedTrace(Exception):
+    pass
+
+
+def _own_var(b: Builder, o: Any, entries: list) -> Var | None:
+    """The variable of op output `o`, copied when the op returned an input unchanged (each
+    output needs its own variable so gradients are routed per tensor)."""
+    if o is None:
+        return None
+    if not isinstance(o, Traced):
+        from ..ir import emit as E
+        arr = np.asarray(o)
+        o = E.full(arr.shape, arr.item(), arr.dtype) if arr.ndim == 0 else \
+            Traced(b, b.const(arr))
+    atom = o.atom
+    if isinstance(atom, Lit):
+        return b.emit("full", [], {"shape": (), "value": atom.value.item(),
+                                   "dtype": atom.aval.dtype})[0]
+    eqns = b.eqns
+    if eqns and eqns[-1].outvars[0] is atom:
+        return atom
+    if any(e[0] is atom for e in entries) or any(v is atom for v in b.constvars):
+        return b.emit("reshape", [atom], {"shape": atom.aval.shape})[0]
+    return atom
+
+
+def _needs_grad(a: Any) -> bool:
+    return isinstance(a, Tensor) and a._rg
+
+
+def _save(node: Node, name: str, args: tuple, result: Tensor | None,
+          slots: tuple | None = None) -> None:
+    if slots is None:
+        slots = SAVED.get(name)
+        if not slots:
+            node.saved = ()
+            return
+    hooks = mode.saved_hooks
+    hooks = hooks[-1] if hooks else None
+    saved = []
+    for s in slots:
+        if s == "result":
+            if result is not None:
+                saved.append(SavedTensor(None, result._var, result._vc, s, node, hooks))
+        elif s < len(args) and isinstance(args[s], Tensor):
+            t = args[s]
+            if s == 0 and name in ("Mul", "Div") and not _needs_grad(args[1]):
+                continue    # d(x*c)/dc is not needed: x need not be kept
+            if t._x is not None and t._x.get("inference"):
+                raise RuntimeError(
+                    "Inference tensors cannot be saved for backward. Please do not use Tensors "
+                    "created in inference mode in computation tracked by autograd. To work "
+                    "around this, you can make a clone to get a normal tensor and use it in "
+                    "autograd, or use `torch.no_grad()` instead of `torch.inference_mode()`.")
+            saved.append(SavedTensor(t, t._var, t._vc, s, node, hooks))
+    if name == "Pow" and len(args) > 1 and not isinstance(args[1], Tensor):
+        node.fn_ctx = {"exponent": args[1]}
+    node.saved = saved
