@@ -362,31 +362,43 @@ def _out_vars(touts: list) -> list:
     return out
 
 
-_code_inside: dict = {}     # code object -> whether it belongs to tracegrad
-_lines: dict = {}           # (code object, line) -> "file:line"
+_code_inside: dict[int, bool] = {}  # id(code object) -> whether it belongs to tracegrad
+_sites: dict[int, dict] = {}        # id(user code object) -> {instruction offset: "file:line"}
+_codes: list = []                   # the code objects above, kept so their ids stay theirs
 
 
 def _user_line(depth: int = 2) -> str | None:
     """`user_source()` made cheap for every recorded op: which code objects are tracegrad's,
-    and their `file:line` strings, are remembered. Starts `depth` frames up."""
+    and the `file:line` of each call site, are remembered. Starts `depth` frames up. Code
+    objects are keyed by id (hashing one hashes its constants); a call site by its
+    instruction offset (`f_lineno` decodes the line table)."""
     f = sys._getframe(depth)
     while f is not None:
         code = f.f_code
-        inside = _code_inside.get(code)
+        inside = _code_inside.get(id(code))
         if inside is None:
-            if len(_code_inside) > 4096:
-                _code_inside.clear()
-                _lines.clear()
-            fn = code.co_filename
-            inside = _code_inside[code] = fn.startswith(_PKG_DIR) or fn.startswith("<frozen")
+            inside = _learn(code)
         if not inside:
-            where = (code, f.f_lineno)
-            line = _lines.get(where)
+            sites = _sites[id(code)]
+            line = sites.get(f.f_lasti)
             if line is None:
-                line = _lines[where] = f"{os.path.basename(code.co_filename)}:{f.f_lineno}"
+                line = sites[f.f_lasti] = f"{os.path.basename(code.co_filename)}:{f.f_lineno}"
             return line
         f = f.f_back
     return None
+
+
+def _learn(code: Any) -> bool:
+    if len(_codes) > 4096:
+        _code_inside.clear()
+        _sites.clear()
+        _codes.clear()
+    _codes.append(code)
+    fn = code.co_filename
+    inside = _code_inside[id(code)] = fn.startswith(_PKG_DIR) or fn.startswith("<frozen")
+    if not inside:
+        _sites[id(code)] = {}
+    return inside
 
 
 TEMPLATE_LIMIT = 4096
