@@ -1,5 +1,7 @@
 """tg.Tensor: creation, attributes, values, repr, operators, graph introspection, grad modes,
 in-place ops and their errors (PyTorch's wording)."""
+import os
+import sys
 import threading
 import warnings
 
@@ -334,3 +336,18 @@ def test_non_leaf_grad_warns_unless_retained():
         warnings.simplefilter("always")
         assert y.grad is None
     assert "is not a leaf Tensor is being accessed" in str(ws[0].message)
+
+
+def test_replayed_ops_carry_their_own_source_line():
+    x = tg.ones(3, requires_grad=True)
+    line = sys._getframe().f_lineno
+    a = x * 2.0
+    b = a * 2.0     # same signature: recorded from the cached template
+    c = tg.tanh(b)
+    here = f"{os.path.basename(__file__)}:"
+    assert a.grad_fn.eqns[0].source == f"{here}{line + 1}"
+    assert b.grad_fn.eqns[0].source == f"{here}{line + 2}"
+    assert c.grad_fn.eqns[0].source == f"{here}{line + 3}"
+    for _ in range(2):      # one call site, recorded twice
+        d = x * 2.0
+        assert d.grad_fn.eqns[0].source == f"{here}{line + 9}"
