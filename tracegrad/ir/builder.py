@@ -24,7 +24,9 @@ class TracingError(RuntimeError):
     """A traced value was used where a concrete Python value is needed."""
 
 
-_CODE_FILES: dict[Any, str | None] = {}   # code object -> its file's name, None if ours
+# id(code object) -> (the code object, its file's name or None if ours). Keyed by id: hashing
+# a code object hashes its constants. The entry keeps the code alive, so its id stays its own.
+_CODE_FILES: dict[int, tuple[Any, str | None]] = {}
 
 
 def user_source() -> str | None:
@@ -33,14 +35,14 @@ def user_source() -> str | None:
     files = _CODE_FILES
     while f is not None:
         code = f.f_code
-        try:
-            name = files[code]
-        except KeyError:
+        hit = files.get(id(code))
+        if hit is None or hit[0] is not code:
             fn = code.co_filename
-            name = remember(files, code, None if fn.startswith(_PKG_DIR)
-                            or fn.startswith("<frozen") else os.path.basename(fn))
-        if name is not None:
-            return f"{name}:{f.f_lineno}"
+            hit = remember(files, id(code), (code, None if fn.startswith(_PKG_DIR)
+                                             or fn.startswith("<frozen")
+                                             else os.path.basename(fn)))
+        if hit[1] is not None:
+            return f"{hit[1]}:{f.f_lineno}"
         f = f.f_back
     return None
 
