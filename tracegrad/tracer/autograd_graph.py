@@ -25,6 +25,7 @@ FREED_MSG = (
 MAX_LEAF_CHAIN = 16
 
 _handles = itertools.count()
+_new = object.__new__
 
 
 class RemovableHandle:
@@ -75,6 +76,19 @@ class SavedTensor:
         if hooks is not None:
             pack, self.unpack = hooks
             self.packed = pack(tensor if tensor is not None else self.materialize(node))
+
+    @staticmethod
+    def plain(tensor: Any, var: Var, vc: list, slot: int | str) -> SavedTensor:
+        """A SavedTensor made without `saved_tensors_hooks` (`tensor` None for a result)."""
+        s = _new(SavedTensor)
+        s.tensor = tensor
+        s.var = var
+        s.vc = vc
+        s.version = vc[0]
+        s.slot = slot
+        s.is_output = tensor is None
+        s.packed = s.unpack = None
+        return s
 
     def materialize(self, node: Node) -> Any:
         """The saved value as a Tensor (outputs of `node`, the node that saved it, come back

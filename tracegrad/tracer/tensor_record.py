@@ -462,9 +462,11 @@ def _save(node: Node, name: str, args: tuple, result: Tensor | None,
     hooks = hooks[-1] if hooks else None
     saved = []
     for s in slots:
-        if s == "result":
+        if s.__class__ is str:     # "result"
             if result is not None:
-                saved.append(SavedTensor(None, result._var, result._vc, s, node, hooks))
+                saved.append(SavedTensor(None, result._var, result._vc, s, node, hooks)
+                             if hooks is not None else
+                             SavedTensor.plain(None, result._var, result._vc, s))
         elif s < len(args) and isinstance(args[s], Tensor):
             t = args[s]
             if s == 0 and name in ("Mul", "Div") and not _needs_grad(args[1]):
@@ -475,7 +477,8 @@ def _save(node: Node, name: str, args: tuple, result: Tensor | None,
                     "created in inference mode in computation tracked by autograd. To work "
                     "around this, you can make a clone to get a normal tensor and use it in "
                     "autograd, or use `torch.no_grad()` instead of `torch.inference_mode()`.")
-            saved.append(SavedTensor(t, t._var, t._vc, s, node, hooks))
+            saved.append(SavedTensor(t, t._var, t._vc, s, node, hooks) if hooks is not None
+                         else SavedTensor.plain(t, t._var, t._vc, s))
     if name == "Pow" and len(args) > 1 and not isinstance(args[1], Tensor):
         node.fn_ctx = {"exponent": args[1]}
     node.saved = saved
