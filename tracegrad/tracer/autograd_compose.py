@@ -1,6 +1,6 @@
 """Forward + backward IR of a recorded Tensor graph, composed from per-op backward templates.
 
-A recorded op's equations come from a template (see tensor.record); its reverse pass is
+A recorded op's equations come from a template (see tensor_record.record); its reverse pass is
 emitted once per template (and per which inputs need gradients), then copied for every node
 that uses it. A graph seen for the first time — an RNN at a new sequence length — is thus
 assembled by copying equations rather than differentiated and re-derived op by op."""
@@ -11,9 +11,9 @@ from typing import Any
 from .. import ir
 from ..ir.builder import Traced
 from ..ir.core import Aval, Eqn, Lit, Var, is_float
-from .autograd_graph import instantiate
 from ..ir.ops import OPS
 from ..ir.rules import VJP
+from .autograd_graph import instantiate
 
 _templates: dict = {}    # (template sig id, inputs needing grad, outputs with cts) -> template
 TEMPLATE_LIMIT = 4096

@@ -1,7 +1,8 @@
 """Running recorded Tensor IR: walking the Node graph into one IR graph, recognising graphs
-seen before by their nodes' signatures (so a training step's graph is optimised once and then
-costs a dictionary lookup and one call), realising pending values, and the one-graph
-backward pass used when no hook needs to see intermediate gradients."""
+seen before by their nodes' signatures (so a training step's graph is built once and then
+costs a walk, a dictionary lookup and one call), realising pending values, and the one-graph
+backward pass used when no hook needs to see intermediate gradients (its graph is composed
+from per-op backward templates, see autograd_compose)."""
 from __future__ import annotations
 
 import collections

@@ -115,7 +115,7 @@ class Node:
     def __init__(self, eqns: list | None, args: list, out_vars: list, grad: bool,
                  name: str = "", tpl: tuple | None = None, src: str | None = None):
         self._eqns = eqns
-        self.tpl = tpl          # the template a node was recorded from (tensor.record)
+        self.tpl = tpl          # the template a node was recorded from (tensor_record.record)
         self.src = src          # the user's line that recorded it
         self.args = args
         self.out_vars = out_vars
@@ -130,7 +130,7 @@ class Node:
         self.retains: dict | None = None        # var id -> Tensor (retain_grad)
         self.fn_ctx: Any = None                 # autograd.Function context
         self.leaf_chain = 0                     # > 0: computes a leaf's value updated in place
-        self.sig: int | None = None             # what determines the IR (tensor.record)
+        self.sig: int | None = None             # what determines the IR (tensor_record.record)
 
     @property
     def eqns(self) -> list:
@@ -193,7 +193,7 @@ class Node:
 
 def instantiate(tpl: tuple, entries: list, out_vars: list, source: str | None,
                 env: dict | None = None) -> list:
-    """Copy a template's equations (see tensor.record) onto an op's input entries and output
+    """Copy a template's equations (see tensor_record.record) onto an op's input entries and output
     variables, with fresh variables for its intermediates; `env` (if given) is filled with
     template variable id -> the copy's variable."""
     in_ids, teqns, touts = tpl[0], tpl[1], tpl[2]

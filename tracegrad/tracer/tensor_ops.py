@@ -1,5 +1,5 @@
 """Tensor methods and operators (PyTorch spellings, `dim=`/`keepdim=` aliases), in-place
-ops with version counters, and slice assignment. Each records through `tensor.record`."""
+ops with version counters, and slice assignment. Each records through `tensor_record.record`."""
 from __future__ import annotations
 
 from collections import namedtuple
