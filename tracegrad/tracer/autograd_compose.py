@@ -141,7 +141,7 @@ class _Composer:
         self.eqns: list[Eqn] = []
         self.terms: dict[int, list] = {}    # var id -> gradient contributions
         self.shared: dict[tuple, list] = {}  # (template equation, inputs) -> outputs
-        self.sources: dict[tuple, str] = {}
+        self.sources: dict[str | None, dict] = {}   # source -> {op: "source (backward of op)"}
         self.matmuls: dict[int, Eqn] = {}   # var id -> the 2-d matmul making a contribution
         self.transposes: dict[int, Eqn] = {}    # var id -> the 2-d transpose making it
         self.merged: set[int] = set()       # ids of equations a merge made unneeded
@@ -154,7 +154,16 @@ class _Composer:
             raise NoTemplate
         env: dict = {}
         ne = n._eqns
-        if ne is None:
+        teqns = tpl[1]
+        if ne is None and len(teqns) == 1 and len(n.out_vars) == 1:   # the common case
+            te = teqns[0]
+            for i, e in zip(tpl[0], n.args, strict=False):
+                env[i] = e[0]
+            out = n.out_vars[0]
+            env[te.outvars[0].id] = out
+            ne = n._eqns = [Eqn(te.op, [a if type(a) is Lit else env[a.id] for a in te.inputs],
+                                [out], te.params, n.src)]
+        elif ne is None:
             ne = n._eqns = instantiate(tpl, n.args, n.out_vars, n.src, env)
         else:
             env.update((i, e[0]) for i, e in zip(tpl[0], n.args, strict=False))
@@ -168,10 +177,11 @@ class _Composer:
         """Append the reverse pass of node `n` (whose outputs' gradients are complete)."""
         outs = n.out_vars
         if len(outs) == 1:
-            g = self.total(outs[0])
-            if g is None:
+            terms = self.terms.pop(outs[0].id, None)
+            if terms is None:
                 return
-            gouts, has_ct = (g,), (True,)
+            gouts = (terms[0] if len(terms) == 1 else self._sum(outs[0], terms),)
+            has_ct = (True,)
         else:
             gouts = [self.total(v) for v in outs]
             if all(g is None for g in gouts):
@@ -191,7 +201,10 @@ class _Composer:
         for c, g in zip(cts, gouts, strict=True):
             if c is not None:
                 env[c.id] = g
-        shared, eqns, sources = self.shared, self.eqns, self.sources
+        shared, eqns = self.shared, self.eqns
+        wheres = self.sources.get(source)
+        if wheres is None:
+            wheres = self.sources[source] = {}
         for e, (op, p, mm, tr) in zip(beqns, infos, strict=True):
             ins = [a if type(a) is Lit else env[a.id] for a in e.inputs]
             if p:   # reads forward values only: the same for every node sharing them
@@ -212,9 +225,9 @@ class _Composer:
                     outs.append(o)
             if p:
                 shared[k] = outs
-            where = sources.get((source, op))
+            where = wheres.get(op)
             if where is None:
-                where = sources[(source, op)] = f"{source or '?'} (backward of {op})"
+                where = wheres[op] = f"{source or '?'} (backward of {op})"
             new = Eqn(e.op, ins, outs, e.params, where)
             eqns.append(new)
             if mm:
@@ -249,6 +262,9 @@ class _Composer:
         terms = self.terms.pop(var.id, None)
         if terms is None:
             return None
+        return self._sum(var, terms)
+
+    def _sum(self, var: Var, terms: list) -> Var:
         if len(terms) > 2:
             terms = self._merge(var, terms)
         total = terms[0]
