@@ -4,8 +4,9 @@
 `n` are done. Workers claim task numbers with a compare-and-swap on one 64-bit word holding
 (job generation << 32 | next task), so a worker that wakes late can never claim a task of a
 job it did not read, and nobody waits for a worker that is not running. Idle workers spin for
-a while (jobs of one step come back to back) and then sleep on a futex. Tasks are fixed at
-compile time, so results do not depend on which thread runs them.
+a while (jobs of one step come back to back) and then sleep on a futex; a worker that keeps
+arriving after its job's tasks are taken (another process has its core) spins less and less.
+Tasks are fixed at compile time, so results do not depend on which thread runs them.
 
 Only one job runs at a time; a caller that finds the pool busy (another Python thread's
 graph) runs its tasks inline. Linux on x86-64 or AArch64 only: elsewhere `pool.py` keeps the
@@ -52,11 +53,13 @@ define internal void @relax() {
   ret void
 }
 
-; claim and run tasks of job `gen` until none is left or another job replaced it
-define internal void @work(ptr %fn, ptr %table, i64 %n, i64 %gen) {
+; claim and run tasks of job `gen` until none is left or another job replaced it; returns
+; how many this thread ran
+define internal i64 @work(ptr %fn, ptr %table, i64 %n, i64 %gen) {
 entry:
   br label %loop
 loop:
+  %ran = phi i64 [ 0, %entry ], [ %ran, %claim ], [ %ran1, %run ]
   %s = load atomic i64, ptr @state seq_cst, align 8
   %g = lshr i64 %s, 32
   %idx = and i64 %s, 4294967295
@@ -72,9 +75,10 @@ claim:
 run:
   call void %fn(ptr %table, i64 %idx)
   %d = atomicrmw add ptr @done, i64 1 seq_cst
+  %ran1 = add i64 %ran, 1
   br label %loop
 out:
-  ret void
+  ret i64 %ran
 }
 
 define void @tg_parallel_for(ptr %fn, ptr %table, i64 %n) {
@@ -119,7 +123,7 @@ wake:
   %wr = call i64 (i64, ...) @syscall(i64 SYS_FUTEX, ptr @futex, i64 FUTEX_WAKE, i64 2147483647)
   br label %run
 run:
-  call void @work(ptr %fn, ptr %table, i64 %n, i64 %gen)
+  %mine = call i64 @work(ptr %fn, ptr %table, i64 %n, i64 %gen)
   br label %wait
 wait:
   %k = phi i64 [ 0, %run ], [ %k1, %again ]
@@ -141,11 +145,16 @@ unlock:
   ret void
 }
 
+; A worker that finds a job's tasks all taken when it gets there (its core is busy with other
+; processes, or it slept) halves its idle spin, down to sleeping at once: spinning then only
+; takes a core the caller could use. Running a task restores the full spin.
 define ptr @tg_pool_worker(ptr %arg) {
 entry:
+  %full0 = load atomic i64, ptr @spin monotonic, align 8
   br label %top
 top:
   %seen = phi i64 [ 4294967296, %entry ], [ %seen, %idle ], [ %g, %job ], [ %seen, %back ]
+  %budget = phi i64 [ %full0, %entry ], [ %budget, %idle ], [ %nb, %job ], [ %budget, %back ]
   %q = load atomic i32, ptr @quit seq_cst, align 4
   %stop = icmp ne i32 %q, 0
   br i1 %stop, label %exit, label %look
@@ -161,12 +170,15 @@ job:
   %fn = load atomic ptr, ptr @job_fn seq_cst, align 8
   %table = load atomic ptr, ptr @job_table seq_cst, align 8
   %n = load atomic i64, ptr @job_n seq_cst, align 8
-  call void @work(ptr %fn, ptr %table, i64 %n, i64 %g)
+  %ran = call i64 @work(ptr %fn, ptr %table, i64 %n, i64 %g)
+  %hit = icmp ne i64 %ran, 0
+  %full = load atomic i64, ptr @spin monotonic, align 8
+  %half = lshr i64 %budget, 1
+  %nb = select i1 %hit, i64 %full, i64 %half
   br label %top
 spin:
   %k = phi i64 [ 0, %look ], [ %k1, %still ]
-  %limit = load atomic i64, ptr @spin monotonic, align 8
-  %patient = icmp ult i64 %k, %limit
+  %patient = icmp ult i64 %k, %budget
   br i1 %patient, label %pause, label %sleep
 pause:
   call void @relax()
