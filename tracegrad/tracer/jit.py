@@ -51,6 +51,28 @@ def _leaf_key(x: Any) -> Any:
                     "Python scalar (mark it static with static_argnums)")
 
 
+def _fast_key(args: Sequence[Any]) -> tuple[Any, list]:
+    """(key, leaves) for arguments that are numpy arrays or lists/tuples of them — the
+    common calls, keyed without the pytree machinery — else (None, [])."""
+    key, flat = [], []
+    for a in args:
+        t = type(a)
+        if t is np.ndarray:
+            key.append((a.shape, a.dtype))
+            flat.append(a)
+        elif t is list or t is tuple:
+            sub = []
+            for x in a:
+                if type(x) is not np.ndarray:
+                    return None, []
+                sub.append((x.shape, x.dtype))
+                flat.append(x)
+            key.append((t, *sub))
+        else:
+            return None, []
+    return tuple(key), flat
+
+
 def _describe(key_part: Any) -> str:
     if isinstance(key_part, tuple) and len(key_part) == 2:
         shape, dt = key_part
@@ -123,21 +145,18 @@ class Jitted:
         if current_builder() is None:
             static = self.static
             if not static:
-                fast = tuple([(a.shape, a.dtype) for a in args if type(a) is np.ndarray])
-                dyn = args
+                fast, flat = _fast_key(args)
             elif static[-1] < len(args):
-                dyn = [a for i, a in enumerate(args) if i not in static]
-                fast = tuple([(a.shape, a.dtype) for a in dyn if type(a) is np.ndarray]
-                             + [args[i] for i in static])
-            if fast is not None and len(fast) == len(args):
+                fast, flat = _fast_key([a for i, a in enumerate(args) if i not in static])
+                if fast is not None:
+                    fast = (fast, *[args[i] for i in static])
+            if fast is not None:
                 try:
                     entry = self._fast.get(fast)
                 except TypeError:       # an unhashable static value: the slow path says so
                     entry = fast = None
                 if entry is not None:
-                    return entry.unflatten(entry.run(dyn))
-            else:
-                fast = None
+                    return entry.unflatten(entry.run(flat))
         leaves, svals, tree = self._split(args)
         if tracing([x for x in leaves]):
             return self.f(*args)     # inside another transform: trace through
