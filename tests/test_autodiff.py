@@ -444,3 +444,46 @@ def test_gradient_used_twice_is_not_merged_away():
             outs.append(h + 0.0 * h)
         return tg.sum(tg.concatenate(outs, axis=0) ** 2)
     check_grads(f, (w,), modes=("rev",), order=2)
+
+
+def test_merged_matmul_gradient_still_read_elsewhere_is_kept():
+    """A custom_vjp backward that reads its own matmul product twice: the product is both a
+    contribution to a merged sum and an input of another gradient."""
+    @tg.custom_vjp
+    def f(x, w):
+        return x @ w
+
+    def bwd(res, g):
+        x, w = res
+        m = tg.transpose(x) @ g
+        return g @ tg.transpose(w) + m, m
+    f.defvjp(lambda x, w: (x @ w, (x, w)), bwd)
+    x, w = rand(3, 3, seed=11), rand(3, 3, seed=12)
+    loss = lambda x, w: tg.sum(f(f(f(x, w), w), w))
+    got = tg.grad(loss, argnums=(0, 1))(x, w)
+    jitted = tg.jit(tg.grad(loss, argnums=(0, 1)))(x, w)
+    xt, wt, ct = x.T, w.T, np.ones((3, 3))
+    # by hand: y1 = x w, y2 = y1 w, y3 = y2 w; each backward gives (g w^T + x^T g, x^T g)
+    y1 = x @ w
+    y2 = y1 @ w
+    gx3, gw3 = ct @ wt + y2.T @ ct, y2.T @ ct
+    gx2, gw2 = gx3 @ wt + y1.T @ gx3, y1.T @ gx3
+    gx1, gw1 = gx2 @ wt + xt @ gx2, xt @ gx2
+    for g in (got, jitted):
+        np.testing.assert_allclose(g[0], gx1, rtol=1e-10)
+        np.testing.assert_allclose(g[1], gw1 + gw2 + gw3, rtol=1e-10)
+
+
+def test_an_argument_named_twice_in_argnums_gets_its_gradient_twice():
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    for fn in (tg.grad, lambda f, argnums: tg.jit(tg.grad(f, argnums=argnums))):
+        a, b = fn(lambda a: tg.sum(a * a), argnums=(0, 0))(x)
+        np.testing.assert_array_equal(a, 2 * x)
+        np.testing.assert_array_equal(b, 2 * x)
+
+
+def test_negative_zero_literals_keep_their_sign_in_replayed_rules():
+    x = np.ones(2, np.float32)
+    np.testing.assert_array_equal(tg.grad(lambda x: tg.sum(x / 0.0))(x), [np.inf, np.inf])
+    for f in (tg.grad, lambda f: tg.jit(tg.grad(f))):
+        np.testing.assert_array_equal(f(lambda x: tg.sum(x / -0.0))(x), [-np.inf, -np.inf])

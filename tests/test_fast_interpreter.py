@@ -79,3 +79,20 @@ def test_program_matches_reference_on_random_programs_and_gradients(seed):
             graph = tg.make_ir(f)(*xs)
             for g in (graph, ir.optimize(graph)):
                 _same(ir.program(g)(xs), ir.interpret(g, xs), f"seed {seed} {dtype}")
+
+
+def test_signed_zero_literals_and_products_match_the_reference():
+    x = np.array([1.0, -2.0], np.float32)
+    graph = tg.make_ir(lambda x: (x + 0.0) / (x * -0.0))(x)
+    _same(ir.program(graph)([x]), ir.interpret(graph, [x]), "0.0 and -0.0 literals")
+    a, b = np.array([[-1.0], [0.0]], np.float32), np.array([[0.0, 2.0]], np.float32)
+    graph = tg.make_ir(lambda a, b: a @ b)(a, b)      # a K=1 product of -1 and 0 is 0, not -0
+    _same(ir.program(graph)([a, b]), ir.interpret(graph, [a, b]), "K=1 matmul signs")
+
+
+def test_reductions_of_broadcasts_sum_in_the_reference_order():
+    rng = np.random.default_rng(3)
+    for src, shape, axes in (((1, 300), (64, 300), (0, 1)), ((3, 1), (3, 500), (1,))):
+        x = rng.standard_normal(src).astype(np.float32) * 100
+        graph = tg.make_ir(lambda x: tg.sum(tg.broadcast_to(x, shape), axis=axes))(x)
+        _same(ir.program(graph)([x]), ir.interpret(graph, [x]), f"{src}->{shape}")

@@ -181,10 +181,13 @@ def backward_pass(b: Builder, graph: Graph, args: Sequence[Any], cts: Sequence[A
             finally:
                 b.source_override = None
         grads = []
+        done: dict[int, Traced] = {}    # an input named twice in `wrt` gets its gradient twice
         for i in wrt:
             v = graph.invars[i]
-            g = sums.pop(v.id)
-            grads.append(g if g is not None else E.full(v.aval.shape, 0, v.aval.dtype))
+            if v.id not in done:
+                g = sums.pop(v.id)
+                done[v.id] = g if g is not None else E.full(v.aval.shape, 0, v.aval.dtype)
+            grads.append(done[v.id])
         sums.drop_merged()
     return outs, grads
 
@@ -238,8 +241,16 @@ class _Sums:
         return [E.matmul(lhs, rhs)] + [t for t in terms if id(t) not in merged]
 
     def drop_merged(self) -> None:
-        if self.merged:
-            self.b.eqns[:] = [e for e in self.b.eqns if id(e) not in self.merged]
+        """Remove the merged matmuls, unless some equation still reads one (a custom_vjp
+        backward may use its product twice): that one stays and computes as before."""
+        if not self.merged:
+            return
+        eqns = self.b.eqns
+        read = {a.id for e in eqns if id(e) not in self.merged for a in e.inputs
+                if type(a) is Var}
+        dead = {id(e) for e in eqns if id(e) in self.merged and e.outvars[0].id not in read}
+        if dead:
+            eqns[:] = [e for e in eqns if id(e) not in dead]
 
 
 def vjp_graph(graph: Graph, wrt: Sequence[int] | None = None) -> Graph:

@@ -102,7 +102,8 @@ class Lit:
         return self.aval.dtype
 
     def key(self) -> tuple:
-        return ("lit", str(self.aval.dtype), self.value.item())
+        """Equal for literals of the same dtype and bits (0.0 and -0.0 differ)."""
+        return ("lit", self.aval.dtype.str, self.value.tobytes())
 
     def __repr__(self) -> str:
         return f"{self.value.item()!r}:{self.aval}"

@@ -61,8 +61,12 @@ _CREATE = {"full", "iota"}
 
 
 def _outer(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """matmul with a contraction of length 1: one product per element, as in matmul."""
-    return np.multiply(a, b)
+    """matmul with a contraction of length 1: one product per element, added to 0 as matmul's
+    sum starts (so -0.0 products become 0.0, as in matmul)."""
+    out = np.multiply(a, b)
+    if out.dtype.kind in "fc":
+        out += 0.0
+    return out
 
 
 def _fast_fn(e: Any) -> Callable | None:
@@ -92,9 +96,9 @@ def _fast_fn(e: Any) -> Callable | None:
     if op == "transpose":
         perm = tuple(p["perm"])
         return lambda x: x.transpose(perm)
-    if op == "broadcast":
-        shape = tuple(p["shape"])
-        return lambda x: np.broadcast_to(x, shape)
+    if op == "broadcast":   # contiguous, as the reference (a reduction of a stride-0 view
+        shape = tuple(p["shape"])     # sums in another order)
+        return lambda x: np.ascontiguousarray(np.broadcast_to(x, shape))
     if op == "slice":
         idx = np_index(p["index"])
         return lambda x: x[idx]
