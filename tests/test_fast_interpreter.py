@@ -96,3 +96,19 @@ def test_reductions_of_broadcasts_sum_in_the_reference_order():
         x = rng.standard_normal(src).astype(np.float32) * 100
         graph = tg.make_ir(lambda x: tg.sum(tg.broadcast_to(x, shape), axis=axes))(x)
         _same(ir.program(graph)([x]), ir.interpret(graph, [x]), f"{src}->{shape}")
+
+
+def test_program_skips_equations_no_output_needs():
+    from tracegrad.ir import Builder
+    b = Builder("t")
+    x = b.new_input(ir.Aval((3,), np.dtype(np.float32)))
+    with b.active():
+        dead = tg.log(x - 5.0)       # would warn/NaN if it ran
+        out = tg.sin(x)
+    graph = b.build([out])
+    assert len(graph.eqns) == 3
+    prog = ir.program(graph)
+    assert len(prog.steps) == 1
+    v = np.arange(3, dtype=np.float32)
+    _same(prog([v]), ir.interpret(graph, [v]), "dead code")
+    del dead

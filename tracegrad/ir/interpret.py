@@ -129,6 +129,24 @@ def _scalar_result(fn: Callable) -> Callable:
     return lambda *ins: np.asarray(fn(*ins))
 
 
+def _live(graph: Graph) -> list:
+    """The equations some output needs (graphs interpreted unoptimised may carry dead ones)."""
+    used = {a.id for a in graph.outvars if type(a) is not Lit}
+    add = used.add
+    live = []
+    for e in reversed(graph.eqns):
+        outs = e.outvars
+        if outs[0].id in used or (len(outs) > 1 and any(v.id in used for v in outs)):
+            live.append(e)
+            for a in e.inputs:
+                if type(a) is not Lit:
+                    add(a.id)
+    if len(live) == len(graph.eqns):
+        return graph.eqns
+    live.reverse()
+    return live
+
+
 _FNS: dict[Any, Callable] = {}   # (op, params, input and output types) -> step function
 
 
@@ -179,7 +197,7 @@ class Program:
             return slots[a.id]
 
         steps: list[tuple] = []
-        for e in graph.eqns:
+        for e in _live(graph):
             if e.op in _CREATE:
                 val = np.asarray(OPS[e.op].ref(**e.params), e.outvars[0].aval.dtype)
                 slots[e.outvars[0].id] = new(val.reshape(e.outvars[0].aval.shape))

@@ -132,8 +132,8 @@ class Tiered:
         native = self.native
         if native is not None and not (config.disable_jit or config.debug_nans):
             return native(list(args))
-        if config.disable_jit or config.debug_nans:
-            return _interpret(self.graph, args)
+        if config.disable_jit or config.debug_nans:   # optimised: no dead code to trip on
+            return _interpret(self.optimized_graph, args)
         if not config.tiering or self.spent >= compile_estimate(self.graph):
             return self.executable(list(args))
         t0 = time.perf_counter()
