@@ -155,8 +155,12 @@ def set_num_threads(n: int) -> None:
 
 
 def num_threads() -> int:
-    native = _native_pool()
-    return native.n_threads if native is not None else get_pool().n_threads
+    """The threads parallel kernels run on (a cache key part): starts no pool to find out."""
+    if _native is not None:
+        return _native.n_threads
+    if _pool is not None:
+        return _pool.n_threads
+    return default_threads()
 
 
 def _parallel_for(fn_addr, table, n) -> None:
