@@ -93,3 +93,22 @@ def test_epilogue_never_reads_outside_its_block(threads):
         assert all(e.op != "transpose" for e in plan.groups[li].eqns)
     check(g, [RNG.standard_normal((300, 200)).astype(F32),
               RNG.standard_normal((200, 300)).astype(F32), RNG.standard_normal(300).astype(F32)])
+
+
+def test_workspace_lifetime_spans_stages_out_of_plan_order():
+    # `n` is read by the concatenate (late stage) and by the transpose, which is issued last
+    # (last in plan order) but runs in stage 1: its last use is the late stage, so the chain's
+    # buffers must not reuse its memory (was: lifetime taken from the last group in plan
+    # order, and the concatenate read the tanh chain's values in n's place)
+    def f(a, b, w):
+        n = 1.0 - a
+        h = b
+        for _ in range(3):
+            h = E.tanh(h @ w)
+        return [E.concatenate([n, h], 0), E.transpose(n, (1, 0))]
+    g = build_graph(f, ((1, 3), F32), ((1, 3), F32), ((3, 3), F32))
+    plan = plan_graph(g)
+    order = [i for s in stages(plan) for i in s]
+    assert order != sorted(order)   # the stages do reorder the plan's groups
+    check(g, [RNG.standard_normal((1, 3)).astype(F32), RNG.standard_normal((1, 3)).astype(F32),
+              RNG.standard_normal((3, 3)).astype(F32)])

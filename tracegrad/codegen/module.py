@@ -105,9 +105,10 @@ class _Lowering:
         """(first, last) stage at which each workspace buffer is written or read."""
         span: dict[Any, tuple[int, int]] = {}
 
-        def touch(key, gi):
-            first, _ = span.get(key, (gi, gi))
-            span[key] = (min(first, gi), gi)
+        def touch(key, si):
+            # groups are visited in plan order, which stages may reorder: take the extremes
+            first, last = span.get(key, (si, si))
+            span[key] = (min(first, si), max(last, si))
 
         for gi, group in enumerate(self.plan.groups):
             si = self.stage_of[gi]   # groups of one stage may run at the same time
