@@ -105,7 +105,7 @@ def interleaved(fns: dict, reps: int, rounds: int = 10, warmup: int = 3) -> dict
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def run(batch: int = 128, reps: int = 20, anchors: bool = True) -> dict[str, float]:
+def run(batch: int = 128, reps: int = 100, anchors: bool = True) -> dict[str, float]:
     params = init()
     x, y = data(batch)
     out: dict[str, float] = {}
