@@ -11,10 +11,9 @@ graph called in a loop is native after a few hundred calls. The estimate follows
 times this process actually measures."""
 from __future__ import annotations
 
+import importlib
 import time
 from typing import Any, Callable, Sequence
-
-import importlib
 
 import numpy as np
 
