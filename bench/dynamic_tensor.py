@@ -27,23 +27,28 @@ def data(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return w, u, xs
 
 
-def run_tracegrad(n: int) -> tuple[float, float]:
-    import tracegrad as tg
+def _run(lib, n: int) -> tuple[float, float]:
+    """ms/iter and the last loss of the workload in `lib` (tracegrad or torch: the same code)."""
     w0, u0, xs0 = data()
-    W = tg.tensor(w0, requires_grad=True)
-    U = tg.tensor(u0, requires_grad=True)
-    xs = [tg.tensor(x) for x in xs0]
+    W = lib.tensor(w0, requires_grad=True)
+    U = lib.tensor(u0, requires_grad=True)
+    xs = [lib.tensor(x) for x in xs0]
     t0 = time.perf_counter()
     for T in lengths(n):
-        h = tg.zeros(1, H)
+        h = lib.zeros(1, H)
         for t in range(T):
-            h = tg.tanh(h @ W + xs[t] @ U)
+            h = lib.tanh(h @ W + xs[t] @ U)
         loss = (h * h).sum()
         loss.backward()
         W.grad = None
         U.grad = None
     elapsed = time.perf_counter() - t0
     return elapsed / n * 1e3, float(loss.item())
+
+
+def run_tracegrad(n: int) -> tuple[float, float]:
+    import tracegrad as tg
+    return _run(tg, n)
 
 
 def run_torch(n: int) -> tuple[float, float] | None:
@@ -52,21 +57,7 @@ def run_torch(n: int) -> tuple[float, float] | None:
     except ImportError:
         return None
     torch.set_num_threads(2)
-    w0, u0, xs0 = data()
-    W = torch.tensor(w0, requires_grad=True)
-    U = torch.tensor(u0, requires_grad=True)
-    xs = [torch.tensor(x) for x in xs0]
-    t0 = time.perf_counter()
-    for T in lengths(n):
-        h = torch.zeros(1, H)
-        for t in range(T):
-            h = torch.tanh(h @ W + xs[t] @ U)
-        loss = (h * h).sum()
-        loss.backward()
-        W.grad = None
-        U.grad = None
-    elapsed = time.perf_counter() - t0
-    return elapsed / n * 1e3, float(loss.item())
+    return _run(torch, n)
 
 
 def main() -> None:

@@ -41,17 +41,7 @@ if fw == "tracegrad":
 else:
     import torch
     torch.set_num_threads(2)
-    tp = [torch.from_numpy(p.copy()).requires_grad_(True) for p in params]
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-
-    def run():
-        h = xt
-        for i in range(0, len(tp) - 2, 2):
-            h = torch.tanh(h @ tp[i] + tp[i + 1])
-        loss = torch.nn.functional.cross_entropy(h @ tp[-2] + tp[-1], yt)
-        grads = torch.autograd.grad(loss, tp)
-        with torch.no_grad():
-            return loss, [p - 0.01 * g for p, g in zip(tp, grads)]
+    run = wl_mlp.torch_step(torch, params, x, y)
 before = rss_mb()
 out = run()
 first = rss_mb()

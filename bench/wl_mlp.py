@@ -63,6 +63,22 @@ def jax_step(jax):
     return jstep
 
 
+def torch_step(torch, params, x, y):
+    """The same step in PyTorch eager (the anchor for memory, and compiled by torch.compile)."""
+    tp = [torch.from_numpy(p.copy()).requires_grad_(True) for p in params]
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+
+    def tstep():
+        h = xt
+        for i in range(0, len(tp) - 2, 2):
+            h = torch.tanh(h @ tp[i] + tp[i + 1])
+        loss = torch.nn.functional.cross_entropy(h @ tp[-2] + tp[-1], yt)
+        grads = torch.autograd.grad(loss, tp)
+        with torch.no_grad():
+            return loss, [p - LR * g for p, g in zip(tp, grads)]
+    return tstep
+
+
 def numpy_step(params, x, y):
     acts = [x]
     h = x
@@ -125,18 +141,7 @@ def run(batch: int = 128, reps: int = 100, anchors: bool = True) -> dict[str, fl
 
     torch = torch_mod()
     if torch is not None:
-        tp = [torch.from_numpy(p.copy()).requires_grad_(True) for p in params]
-        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-
-        def tstep():
-            h = xt
-            for i in range(0, len(tp) - 2, 2):
-                h = torch.tanh(h @ tp[i] + tp[i + 1])
-            logits = h @ tp[-2] + tp[-1]
-            loss = torch.nn.functional.cross_entropy(logits, yt)
-            grads = torch.autograd.grad(loss, tp)
-            with torch.no_grad():
-                return loss, [p - LR * g for p, g in zip(tp, grads)]
+        tstep = torch_step(torch, params, x, y)
         out["torch"] = median_time(tstep, reps, warmup=3)
         try:
             ctstep = torch.compile(tstep)

@@ -15,7 +15,7 @@ import numpy as np
 
 import tracegrad as tg
 import tracegrad.nn.functional as F
-from train_digits_mlp import load_digits, make_model, parse_args, plot_losses, progress
+from train_digits_mlp import load_digits, make_model, parse_args, progress, report
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -64,14 +64,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     accuracy = float(np.mean(predicted == y_test))
     if args.save:
         tg.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, args.save)
-    plot = plot_losses(losses, args.plot) if args.plot else None
-    if not args.quiet:
-        print(f"{step} steps in {seconds:.1f} s ({step * args.batch_size / seconds:,.0f} "
-              f"samples/s); final loss {np.mean(losses[-10:]):.4f}; "
-              f"test accuracy {100 * accuracy:.2f}%"
-              + (f"; loss curve in {plot}" if plot else ""))
-    return {"accuracy": accuracy, "losses": losses, "steps": step, "seconds": seconds,
-            "plot": plot}
+    return report(args, losses, step, seconds, accuracy)
 
 
 if __name__ == "__main__":

@@ -91,6 +91,19 @@ def parse_args(argv: list[str] | None, doc: str, plot: str, save_help: str) -> A
     return p.parse_args(argv)
 
 
+def report(args: Any, losses: list[float], step: int, seconds: float,
+           accuracy: float) -> dict[str, Any]:
+    """Plot the loss curve if asked, print the summary line, return the run's results."""
+    plot = plot_losses(losses, args.plot) if args.plot else None
+    if not args.quiet:
+        print(f"{step} steps in {seconds:.1f} s ({step * args.batch_size / seconds:,.0f} "
+              f"samples/s); final loss {np.mean(losses[-10:]):.4f}; "
+              f"test accuracy {100 * accuracy:.2f}%"
+              + (f"; loss curve in {plot}" if plot else ""))
+    return {"accuracy": accuracy, "losses": losses, "steps": step, "seconds": seconds,
+            "plot": plot}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv, __doc__, "digits_mlp_loss.png",
                       "write the trained state_dict here (.npz)")
@@ -146,14 +159,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model.load_state_dict(params, strict=False)   # the trained values back into the module
     if args.save:
         tg.save(model.state_dict(), args.save)
-    plot = plot_losses(losses, args.plot) if args.plot else None
-    if not args.quiet:
-        print(f"{step} steps in {seconds:.1f} s ({step * args.batch_size / seconds:,.0f} "
-              f"samples/s); final loss {np.mean(losses[-10:]):.4f}; "
-              f"test accuracy {100 * accuracy:.2f}%"
-              + (f"; loss curve in {plot}" if plot else ""))
-    return {"accuracy": accuracy, "losses": losses, "steps": step, "seconds": seconds,
-            "plot": plot}
+    return report(args, losses, step, seconds, accuracy)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,22 @@ def numerical_jvp(f: Callable, args: Sequence[np.ndarray], tangents: Sequence[np
     return (np.asarray(plus, np.float64) - np.asarray(minus, np.float64)) / (2 * eps)
 
 
+def anchors() -> tuple[Any, Any]:
+    """(torch, jax) where installed, else None: jax in float64 on the CPU, as the
+    differential tests compare in float64."""
+    try:
+        import torch
+    except ImportError:   # pragma: no cover - optional
+        torch = None
+    try:
+        import jax
+        jax.config.update("jax_enable_x64", True)
+        jax.config.update("jax_platforms", "cpu")
+    except ImportError:   # pragma: no cover - optional
+        jax = None
+    return torch, jax
+
+
 def check_grads(f: Callable, args: Sequence[Any], *, order: int = 1, rtol: float = 1e-5,
                 atol: float = 1e-6, eps: float = EPS, seed: int = 0,
                 modes: Sequence[str] = ("fwd", "rev")) -> None:

@@ -11,21 +11,13 @@ import os
 
 import numpy as np
 import pytest
+from conftest import anchors
 from random_programs import (generate, jax_lib, output_weights, rng_picker, torch_lib,
                              tracegrad_lib)
 
 import tracegrad as tg
 
-try:
-    import torch
-except ImportError:   # pragma: no cover - optional
-    torch = None
-try:
-    import jax
-    jax.config.update("jax_enable_x64", True)
-    jax.config.update("jax_platforms", "cpu")
-except ImportError:   # pragma: no cover - optional
-    jax = None
+torch, jax = anchors()
 
 N_PROGRAMS = int(os.environ.get("TRACEGRAD_DIFF_PROGRAMS", "240"))
 FULL = os.environ.get("TRACEGRAD_DIFF_FULL", "") not in ("", "0")

@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import rand
+from conftest import anchors, rand
 
 import tracegrad as tg
 
-try:
-    import torch
-except ImportError:   # pragma: no cover - optional
-    torch = None
-try:
-    import jax
-    import jax.numpy as jnp
-    jax.config.update("jax_enable_x64", True)
-    jax.config.update("jax_platforms", "cpu")
-except ImportError:   # pragma: no cover - optional
-    jax = jnp = None
+torch, jax = anchors()
+jnp = jax.numpy if jax is not None else None
 
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 needs_jax = pytest.mark.skipif(jax is None, reason="jax is not installed")

@@ -59,46 +59,6 @@ def _freeze(x: Any) -> Any:
         return id(x)
 
 
-def _atom_key(a: Atom) -> Any:
-    return a.key() if isinstance(a, Lit) else a.id
-
-
-def cse(graph: Graph) -> Graph:
-    """Merge equations that apply the same op with the same params to the same inputs."""
-    seen: dict[Any, list[Var]] = {}
-    subst: dict[int, Atom] = {}
-    eqns = []
-    for e in graph.eqns:
-        e = _copy(e)
-        e.inputs = [subst.get(a.id, a) if isinstance(a, Var) else a for a in e.inputs]
-        key = (e.op, tuple(_atom_key(a) for a in e.inputs), _freeze(e.params))
-        hit = seen.get(key)
-        if hit is not None:
-            for v, w in zip(e.outvars, hit):
-                subst[v.id] = w
-            continue
-        seen[key] = e.outvars
-        eqns.append(e)
-    return _substituted(graph, eqns, subst)
-
-
-def fold_constants(graph: Graph) -> Graph:
-    """Evaluate equations on literal inputs whose result is a scalar, writing a literal."""
-    subst: dict[int, Atom] = {}
-    eqns = []
-    for e in graph.eqns:
-        e = _copy(e)
-        e.inputs = [subst.get(a.id, a) if isinstance(a, Var) else a for a in e.inputs]
-        out = e.outvars[0]
-        if (e.op not in _NO_FOLD and len(e.outvars) == 1 and out.aval.shape == ()
-                and all(isinstance(a, Lit) for a in e.inputs)):
-            value = OPS[e.op].ref(*[a.value for a in e.inputs], **e.params)
-            subst[out.id] = Lit(np.asarray(value, out.aval.dtype), out.aval.dtype)
-            continue
-        eqns.append(e)
-    return _substituted(graph, eqns, subst)
-
-
 def _is_lit(a: Atom, value: float) -> bool:
     return isinstance(a, Lit) and a.value.item() == value
 
@@ -149,30 +109,6 @@ def _identity_input(e: Eqn, producers: dict[int, Eqn]) -> Atom | None:
     return None
 
 
-def simplify(graph: Graph) -> Graph:
-    """Trivial algebra: x*1, x+0, x-0, x/1, x**1, --x, reshape/broadcast/convert to the same
-    type and identity transposes become x; reshape of reshape reads the original."""
-    subst: dict[int, Atom] = {}
-    producers: dict[int, Eqn] = {}
-    eqns = []
-    for e in graph.eqns:
-        e = _copy(e)
-        e.inputs = [subst.get(a.id, a) if isinstance(a, Var) else a for a in e.inputs]
-        if len(e.outvars) == 1:
-            same = _identity_input(e, producers)
-            if same is not None:
-                subst[e.out.id] = same
-                continue
-            if e.op == "reshape" and isinstance(e.inputs[0], Var):
-                inner = producers.get(e.inputs[0].id)
-                if inner is not None and inner.op == "reshape":
-                    e.inputs = [inner.inputs[0]]
-        for v in e.outvars:
-            producers[v.id] = e
-        eqns.append(e)
-    return _substituted(graph, eqns, subst)
-
-
 _FROZEN: dict[int, tuple[dict, Any]] = {}   # id(params) -> (params, frozen params)
 
 
@@ -186,7 +122,8 @@ def _frozen_params(params: dict) -> Any:
     return remember(_FROZEN, id(params), (params, _freeze(params)))[1]
 
 
-def rewrite(graph: Graph) -> Graph:
+def rewrite(graph: Graph, simplify: bool = True, fold: bool = True, cse: bool = True
+            ) -> Graph:
     """simplify, fold_constants and cse in one walk: each equation, its inputs already
     rewritten, is dropped as a no-op, folded to a literal, merged with an equal one, or kept."""
     subst: dict[int, Atom] = {}
@@ -199,31 +136,49 @@ def rewrite(graph: Graph) -> Graph:
         outs = e.outvars
         if len(outs) == 1:
             out = outs[0]
-            if e.op == "reshape" and type(ins[0]) is Var:
-                inner = producers.get(ins[0].id)
-                if inner is not None and inner.op == "reshape":
-                    e.inputs = ins = [inner.inputs[0]]
-            same = _identity_input(e, producers)
-            if same is not None:
-                subst[out.id] = same
-                continue
-            if (out.aval.shape == () and e.op not in _NO_FOLD
+            if simplify:
+                if e.op == "reshape" and type(ins[0]) is Var:
+                    inner = producers.get(ins[0].id)
+                    if inner is not None and inner.op == "reshape":
+                        e.inputs = ins = [inner.inputs[0]]
+                same = _identity_input(e, producers)
+                if same is not None:
+                    subst[out.id] = same
+                    continue
+            if (fold and out.aval.shape == () and e.op not in _NO_FOLD
                     and all(type(a) is Lit for a in ins)):
                 value = OPS[e.op].ref(*[a.value for a in ins], **e.params)
                 subst[out.id] = Lit(np.asarray(value, out.aval.dtype), out.aval.dtype)
                 continue
-        key = (e.op, tuple([a.id if type(a) is Var else a.key() for a in ins]),
-               _frozen_params(e.params))
-        hit = seen.get(key)
-        if hit is not None:
-            for v, w in zip(outs, hit):
-                subst[v.id] = w
-            continue
-        seen[key] = outs
+        if cse:
+            key = (e.op, tuple([a.id if type(a) is Var else a.key() for a in ins]),
+                   _frozen_params(e.params))
+            hit = seen.get(key)
+            if hit is not None:
+                for v, w in zip(outs, hit):
+                    subst[v.id] = w
+                continue
+            seen[key] = outs
         for v in outs:
             producers[v.id] = e
         eqns.append(e)
     return _substituted(graph, eqns, subst)
+
+
+def simplify(graph: Graph) -> Graph:
+    """Trivial algebra: x*1, x+0, x-0, x/1, x**1, --x, reshape/broadcast/convert to the same
+    type and identity transposes become x; reshape of reshape reads the original."""
+    return rewrite(graph, fold=False, cse=False)
+
+
+def fold_constants(graph: Graph) -> Graph:
+    """Evaluate equations on literal inputs whose result is a scalar, writing a literal."""
+    return rewrite(graph, simplify=False, cse=False)
+
+
+def cse(graph: Graph) -> Graph:
+    """Merge equations that apply the same op with the same params to the same inputs."""
+    return rewrite(graph, simplify=False, fold=False)
 
 
 def optimize(graph: Graph) -> Graph:
