@@ -15,7 +15,7 @@ import numpy as np
 
 import tracegrad as tg
 import tracegrad.nn.functional as F
-from train_digits_mlp import load_digits, make_model, parse_args, progress, report
+from train_digits_mlp import batches, load_digits, make_model, parse_args, report
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -27,35 +27,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model = make_model()
     optimizer = tg.optim.Adam(model.parameters(), lr=args.lr)
 
-    steps_per_epoch = len(x_train) // args.batch_size
-    total = steps_per_epoch * args.epochs
-    if args.steps:
-        total = min(total, args.steps)
-    rng = np.random.default_rng(args.seed)
     losses: list[float] = []
-    bar = progress(total, args.quiet)
     t0 = time.perf_counter()
-    step = 0
     model.train()
-    while step < total:
-        order = rng.permutation(len(x_train))
-        for b in range(steps_per_epoch):
-            if step >= total:
-                break
-            idx = order[b * args.batch_size:(b + 1) * args.batch_size]
-            x, y = tg.tensor(x_train[idx]), tg.tensor(y_train[idx])
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-            step += 1
-            bar.update(1)
-            if step % 10 == 0 or step == total:
-                rate = step * args.batch_size / (time.perf_counter() - t0)
-                bar.set_postfix(loss=f"{np.mean(losses[-10:]):.4f}",
-                                samples_per_s=f"{rate:,.0f}")
-    bar.close()
+    for _, idx in batches(args, len(x_train), losses):
+        x, y = tg.tensor(x_train[idx]), tg.tensor(y_train[idx])
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
     seconds = time.perf_counter() - t0
 
     model.eval()                      # dropout off; no_grad: no graph for backward
@@ -64,7 +45,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     accuracy = float(np.mean(predicted == y_test))
     if args.save:
         tg.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, args.save)
-    return report(args, losses, step, seconds, accuracy)
+    return report(args, losses, len(losses), seconds, accuracy)
 
 
 if __name__ == "__main__":

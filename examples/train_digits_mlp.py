@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -52,6 +52,32 @@ def progress(total: int, quiet: bool) -> Any:
             def set_postfix(self, **kw: Any) -> None: ...
             def close(self) -> None: ...
         return Bar()
+
+
+def batches(args: Any, n: int, losses: list[float]) -> Iterator[tuple[int, np.ndarray]]:
+    """(step, indices) of each training batch: epochs of shuffled full batches (one compiled
+    shape), at most `args.steps`, with a progress bar showing the recent `losses`."""
+    per_epoch = n // args.batch_size
+    total = per_epoch * args.epochs
+    if args.steps:
+        total = min(total, args.steps) if args.epochs else args.steps
+    rng = np.random.default_rng(args.seed)
+    bar = progress(total, args.quiet)
+    t0 = time.perf_counter()
+    step = 0
+    while step < total:
+        order = rng.permutation(n)
+        for b in range(per_epoch):
+            if step >= total:
+                break
+            yield step, order[b * args.batch_size:(b + 1) * args.batch_size]
+            step += 1
+            bar.update(1)
+            if step % 10 == 0 or step == total:
+                rate = step * args.batch_size / (time.perf_counter() - t0)
+                bar.set_postfix(loss=f"{np.mean(losses[-10:]):.4f}",
+                                samples_per_s=f"{rate:,.0f}")
+    bar.close()
 
 
 def plot_losses(losses: list[float], path: str) -> str | None:
@@ -128,38 +154,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def predict(params, x):
         return tg.argmax(model.apply(params, x, training=False), axis=-1)
 
-    steps_per_epoch = len(x_train) // args.batch_size    # full batches: one compiled shape
-    total = steps_per_epoch * args.epochs
-    if args.steps:
-        total = min(total, args.steps) if args.epochs else args.steps
-    rng = np.random.default_rng(args.seed)
     losses: list[float] = []
-    bar = progress(total, args.quiet)
     t0 = time.perf_counter()
-    step = 0
-    while step < total:
-        order = rng.permutation(len(x_train))
-        for b in range(steps_per_epoch):
-            if step >= total:
-                break
-            idx = order[b * args.batch_size:(b + 1) * args.batch_size]
-            params, opt_state, loss = train_step(params, opt_state, x_train[idx], y_train[idx],
-                                                 np.int64(step), np.float32(args.lr))
-            losses.append(float(loss))
-            step += 1
-            bar.update(1)
-            if step % 10 == 0 or step == total:
-                rate = step * args.batch_size / (time.perf_counter() - t0)
-                bar.set_postfix(loss=f"{np.mean(losses[-10:]):.4f}",
-                                samples_per_s=f"{rate:,.0f}")
-    bar.close()
+    for step, idx in batches(args, len(x_train), losses):
+        params, opt_state, loss = train_step(params, opt_state, x_train[idx], y_train[idx],
+                                             np.int64(step), np.float32(args.lr))
+        losses.append(float(loss))
     seconds = time.perf_counter() - t0
     accuracy = float(np.mean(predict(params, x_test) == y_test))
 
     model.load_state_dict(params, strict=False)   # the trained values back into the module
     if args.save:
         tg.save(model.state_dict(), args.save)
-    return report(args, losses, step, seconds, accuracy)
+    return report(args, losses, len(losses), seconds, accuracy)
 
 
 if __name__ == "__main__":
