@@ -230,6 +230,28 @@ def _custom_vjp_call(*avals: Aval, n_args: int, n_res: int, bwd: Any) -> list[Av
     return list(avals[n_args + n_res:])
 
 
+def _scan(*avals: Aval, body: Any, length: int, n_consts: int, n_carry: int) -> list[Aval]:
+    """`scan[body, length, n_consts, n_carry](consts, carry, xs)`: `length` applications of
+    `body: (consts, carry, x_t) -> (carry, y_t)`. The per-iteration inputs and outputs are
+    separate values, iteration-major: x_0..., x_1..., and y_0..., y_1... (a rolled loop of a
+    trace reads and writes the values the unrolled steps did)."""
+    n_x = len(body.invars) - n_consts - n_carry
+    n_y = len(body.outvars) - n_carry
+    if length < 1 or n_x < 0 or n_y < 0 or len(avals) != n_consts + n_carry + length * n_x:
+        raise ShapeError(f"scan of length {length} over a body taking {len(body.invars)} "
+                         f"values got {len(avals)} inputs")
+    want = body.in_avals[:n_consts + n_carry] + body.in_avals[n_consts + n_carry:] * length
+    for i, (a, w) in enumerate(zip(avals, want)):
+        if a != w:
+            raise ShapeError(f"scan input {i} is {a}, its body takes {w}")
+    carry_in = body.in_avals[n_consts:n_consts + n_carry]
+    carry_out = body.out_avals[:n_carry]
+    if carry_in != carry_out:
+        raise ShapeError("scan body's carry types change: " + ", ".join(map(str, carry_in))
+                         + " -> " + ", ".join(map(str, carry_out)))
+    return carry_out + body.out_avals[n_carry:] * length
+
+
 def _random(seed: Aval, *, shape: tuple[int, ...], dist: str, dtype: np.dtype) -> Aval:
     if seed.shape != () or seed.dtype != np.int64:
         raise DTypeError(f"seed must be an int64 scalar, got {seed}")
@@ -342,6 +364,18 @@ def _ref_custom_vjp_call(*xs, n_args, n_res, bwd):
     return tuple(xs[n_args + n_res:])
 
 
+def _ref_scan(*xs, body, length, n_consts, n_carry):
+    from .interpret import interpret
+    n_x = len(body.invars) - n_consts - n_carry
+    consts, carry = list(xs[:n_consts]), list(xs[n_consts:n_consts + n_carry])
+    rest, ys = xs[n_consts + n_carry:], []
+    for t in range(length):
+        outs = interpret(body, consts + carry + list(rest[t * n_x:(t + 1) * n_x]))
+        carry = outs[:n_carry]
+        ys += outs[n_carry:]
+    return tuple(carry + ys)
+
+
 def splitmix64(x: np.ndarray) -> np.ndarray:
     """The counter-based hash behind `random`: element i of a draw is a pure function of
     (seed, i), so the compiled kernels reproduce the reference bit for bit."""
@@ -420,3 +454,4 @@ _def("iota", "create", _iota, _ref_iota)
 _def("full", "create", _full, lambda *, shape, value, dtype: np.full(shape, value, dtype))
 _def("random", "create", _random, _ref_random)
 _def("custom_vjp_call", "misc", _custom_vjp_call, _ref_custom_vjp_call, multi_out=True)
+_def("scan", "misc", _scan, _ref_scan, multi_out=True)
