@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..ir import OPS, Eqn, Graph, Lit, Var, dce
+from ..ir.scan import unroll_scans
 
 FUSIBLE = {"unary", "binary", "compare", "select", "shape", "create"} | {"take"}
 ELEMENTWISE = {"unary", "binary", "compare", "select"}
@@ -343,8 +344,29 @@ def group_signature(group: Group | None, keys: list, avals: dict, extra: tuple) 
 
 
 def plan_graph(graph: Graph) -> Plan:
-    """Alias custom_vjp outputs, drop dead code, and partition into ordered groups."""
-    return _Planner(alias_custom_vjp(graph)).run()
+    """Unroll scans, alias custom_vjp outputs, drop dead code, and partition into ordered
+    groups."""
+    flat = unroll_scans(graph)
+    if len(flat.constvars) != len(graph.constvars):
+        # the buffer layout finds constants among the compiled graph's own
+        raise NotImplementedError("native backend cannot lower a scan whose body holds "
+                                  "constants; ir.optimize moves them out to the graph's")
+    return _Planner(_literal_outputs(alias_custom_vjp(flat), graph)).run()
+
+
+def _literal_outputs(flat: Graph, graph: Graph) -> Graph:
+    """An output that became a literal (a scan body's, an aliased custom_vjp input) is
+    computed by a `full`: the executable knows only `graph`'s own literal outputs."""
+    outs = list(flat.outvars)
+    eqns = list(flat.eqns)
+    for k, (a, was) in enumerate(zip(outs, graph.outvars, strict=True)):
+        if isinstance(a, Lit) and not isinstance(was, Lit):
+            outs[k] = v = Var(a.aval)
+            eqns.append(Eqn("full", [], [v], {"shape": (), "value": a.value.item(),
+                                              "dtype": a.aval.dtype}))
+    if len(eqns) == len(flat.eqns):
+        return flat
+    return Graph(flat.invars, eqns, outs, flat.constvars, flat.consts)
 
 
 __all__ = ["ARG_REDUCE", "REDUCE", "Group", "Plan", "epilogues", "fusible", "group_signature",

@@ -9,8 +9,10 @@ import numpy as np
 
 from .core import Atom, Eqn, Graph, Lit, Var, remember
 from .ops import OPS
+from .scan import optimize_bodies
 
-_NO_FOLD = {"random", "custom_vjp_call", "stop_gradient"}
+# scan: evaluating a whole loop at compile time could take as long as running it
+_NO_FOLD = {"random", "custom_vjp_call", "stop_gradient", "scan"}
 
 
 def _substituted(graph: Graph, eqns: list[Eqn], subst: dict[int, Atom]) -> Graph:
@@ -183,5 +185,8 @@ def cse(graph: Graph) -> Graph:
 
 def optimize(graph: Graph) -> Graph:
     """The standard pipeline: simplify, fold and CSE in one forward walk, then DCE. Every
-    rewrite reads inputs that are already final, so one round reaches the fixed point."""
+    rewrite reads inputs that are already final, so one round reaches the fixed point.
+    Scan bodies are optimised too (once per body), their constants moved out to the graph's."""
+    if any(e.op == "scan" for e in graph.eqns):
+        graph = optimize_bodies(graph, optimize)
     return dce(rewrite(graph))

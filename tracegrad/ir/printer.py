@@ -59,13 +59,18 @@ def format_graph(graph: Graph, source: bool = False, indent: int = 0) -> str:
     lines = [pad + head.replace("lambda  .", "lambda .")]
     for e in graph.eqns:
         outs = " ".join(f"{n.bind(v)}:{v.aval}" for v in e.outvars)
-        params = ",".join(f"{k}={format_param(v)}" for k, v in e.params.items())
+        params = ",".join(f"{k}={format_param(v)}" for k, v in e.params.items()
+                          if not isinstance(v, Graph))
         op = f"{e.op}[{params}]" if params else e.op
         args = " ".join(n.use(a) for a in e.inputs)
         line = f"{pad}    {outs} = {op} {args}".rstrip()
         if source and e.source:
             line += f"    # {e.source}"
         lines.append(line)
+        for k, v in e.params.items():   # a scan's body: a block of its own, named afresh
+            if isinstance(v, Graph):
+                block = format_graph(v, source, indent + 6)
+                lines.append(f"{pad}      {k}={block[indent + 6:]}")
     outs = " ".join(n.use(a) for a in graph.outvars)
     lines.append(f"{pad}  in ({outs}) }}")
     return "\n".join(lines)
@@ -85,7 +90,10 @@ def graph_to_dot(graph: Graph) -> str:
         back = e.source is not None and "(backward" in e.source
         style = ', style=filled, fillcolor="#dde8ff"' if back else ""
         outs = ", ".join(f"{n.bind(v)}: {v.aval}" for v in e.outvars)
-        lines.append(f'  e{i} [label="{e.op}\\n{outs}"{style}];')
+        op = e.op
+        if op == "scan":
+            op += f" x{e.params['length']} ({len(e.params['body'].eqns)} eqns)"
+        lines.append(f'  e{i} [label="{op}\\n{outs}"{style}];')
         for a in e.inputs:
             if isinstance(a, Var) and a.id in producer:
                 lines.append(f'  {producer[a.id]} -> e{i} [label="{a.aval}"];')

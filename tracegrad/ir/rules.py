@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from . import emit as E
 from .core import is_float
+from .scan import scan_jvp
 
 Rule = Callable[..., Any]
 VJP: dict[str, Rule] = {}
@@ -282,6 +283,7 @@ JVP.update({
         None if ta is None else E.matmul(ta, b), None if tb is None else E.matmul(a, tb),
         shape=out.shape),
     "custom_vjp_call": _custom_jvp,
+    "scan": scan_jvp,
 })
 
 

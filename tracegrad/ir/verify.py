@@ -10,7 +10,13 @@ class IRError(ValueError):
 
 
 def verify(graph: Graph) -> None:
-    """Raise IRError naming the first bad equation; return None for a well-formed graph."""
+    """Raise IRError naming the first bad equation; return None for a well-formed graph.
+    Graphs in an equation's params (a scan's body) are verified too, each once."""
+    _verify(graph, set())
+
+
+def _verify(graph: Graph, checked: set[int]) -> None:
+    """`checked`: ids of the nested graphs already verified in this call."""
     from .printer import _Namer
     names = _Namer()
     defined: set[int] = set()
@@ -40,6 +46,15 @@ def verify(graph: Graph) -> None:
                 raise IRError(f"{where}: reads {names.use(a)}, which is not defined before it")
             if not isinstance(a, (Var, Lit)):
                 raise IRError(f"{where}: input {a!r} is neither a Var nor a Lit")
+        if e.op == "scan" and not isinstance(e.params.get("body"), Graph):
+            raise IRError(f"{where}: its body {e.params.get('body')!r} is not a Graph")
+        for k, sub in e.params.items():
+            if isinstance(sub, Graph) and id(sub) not in checked:
+                try:
+                    _verify(sub, checked)
+                except IRError as err:
+                    raise IRError(f"{where}, in its {k}: {err}") from None
+                checked.add(id(sub))
         try:
             avals = OPS[e.op].rule(*[a.aval for a in e.inputs], **e.params)
         except (ShapeError, DTypeError, TypeError) as err:

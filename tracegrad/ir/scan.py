@@ -1,0 +1,262 @@
+"""The scan primitive beyond its definition: unrolling, forward mode, and its bodies' passes.
+
+`scan[body, length, n_consts, n_carry](consts, carry, xs) -> (carry, ys)` runs `body:
+(consts, carry, x_t) -> (carry, y_t)` `length` times; the per-iteration inputs and outputs are
+separate values, iteration-major (see `ops._scan`). Bodies are shared by the equations (and
+the traces) of one loop, so the work done per body here is remembered by the body's identity,
+the body kept alive next to the result so its id stays its own.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import emit as E
+from .builder import Builder, Traced, bind
+from .core import Atom, Aval, Eqn, Graph, Lit, Var, is_float, remember
+
+
+def has_scan(graph: Graph) -> bool:
+    return any(e.op == "scan" for e in graph.eqns)
+
+
+def split_inputs(e: Eqn) -> tuple[list[Atom], list[Atom], list[list[Atom]]]:
+    """A scan equation's inputs as (consts, carry, xs per iteration)."""
+    p = e.params
+    c, k, n_x = p["n_consts"], p["n_carry"], _n_x(p)
+    xs = e.inputs[c + k:]
+    return (list(e.inputs[:c]), list(e.inputs[c:c + k]),
+            [list(xs[t * n_x:(t + 1) * n_x]) for t in range(p["length"])])
+
+
+def _n_x(params: dict) -> int:
+    return len(params["body"].invars) - params["n_consts"] - params["n_carry"]
+
+
+# ---- unrolling ---------------------------------------------------------------------------------
+
+def unroll_scans(graph: Graph) -> Graph:
+    """`graph` with every scan (nested ones too) written out as `length` copies of its body,
+    with fresh variables. A body's constants become constants of the result, once per scan
+    equation. Returns `graph` itself when it holds no scan."""
+    if not has_scan(graph):
+        return graph
+    return _unroll(graph, {})
+
+
+def _unroll(graph: Graph, flat: dict[int, Graph]) -> Graph:
+    """`flat`: id(body) -> the body unrolled, for the bodies met in this call."""
+    eqns: list[Eqn] = []
+    constvars, consts = list(graph.constvars), list(graph.consts)
+    subst: dict[int, Atom] = {}
+
+    def read(a: Atom) -> Atom:
+        return subst.get(a.id, a) if type(a) is Var else a
+
+    for e in graph.eqns:
+        if e.op != "scan":
+            ins = [read(a) for a in e.inputs]
+            same = all(x is y for x, y in zip(ins, e.inputs))
+            eqns.append(e if same else Eqn(e.op, ins, e.outvars, e.params, e.source))
+            continue
+        body = e.params["body"]
+        if has_scan(body):
+            hit = flat.get(id(body))
+            if hit is None:
+                hit = flat[id(body)] = _unroll(body, flat)
+            body = hit
+        env: dict[int, Atom] = {}
+        for v, c in zip(body.constvars, body.consts):
+            env[v.id] = w = Var(v.aval)
+            constvars.append(w)
+            consts.append(c)
+        const_in, carry, xs = split_inputs(e)
+        const_in, carry = [read(a) for a in const_in], [read(a) for a in carry]
+        ys: list[Atom] = []
+        k = e.params["n_carry"]
+        for x_t in xs:
+            outs = _inline(body, const_in + carry + [read(a) for a in x_t], env, eqns, e.source)
+            carry = outs[:k]
+            ys += outs[k:]
+        for v, a in zip(e.outvars, carry + ys):
+            subst[v.id] = a
+    return Graph(graph.invars, eqns, [read(a) for a in graph.outvars], constvars, consts)
+
+
+def _inline(body: Graph, args: Sequence[Atom], env: dict[int, Atom], eqns: list[Eqn],
+            source: str | None) -> list[Atom]:
+    """Append a copy of `body`'s equations reading `args` (and `env`, its constants); return
+    the atoms its outputs are."""
+    env = dict(env)
+    for v, a in zip(body.invars, args):
+        env[v.id] = a
+
+    def read(a: Atom) -> Atom:
+        return a if type(a) is Lit else env[a.id]
+
+    for e in body.eqns:
+        outs = [Var(v.aval) for v in e.outvars]
+        for v, o in zip(e.outvars, outs):
+            env[v.id] = o
+        eqns.append(Eqn(e.op, [read(a) for a in e.inputs], outs, e.params, e.source or source))
+    return [read(a) for a in body.outvars]
+
+
+# ---- forward mode ------------------------------------------------------------------------------
+
+# (id(body), n_consts, n_carry, tangent masks) -> (body, the JVP body, its layout)
+_JVP_BODIES: dict[Any, tuple[Graph, Graph, Any]] = {}
+
+
+def _carried_tangents(body: Graph, n_consts: int, n_carry: int, const_mask: tuple,
+                      carry_mask: tuple, x_mask: tuple) -> tuple[tuple, tuple]:
+    """Which carries have a tangent at some iteration (a carry whose initial tangent is zero
+    gets one when an input with a tangent reaches it), and which ys have one."""
+    from .autodiff import _reaching
+    k = n_carry
+    while True:
+        wrt = [i for i, m in enumerate(const_mask + carry_mask + x_mask) if m]
+        live = _reaching(body, wrt)
+        outs = tuple(type(a) is Var and a.id in live and is_float(a.aval.dtype)
+                     for a in body.outvars)
+        grown = tuple(a or b for a, b in zip(carry_mask, outs[:k]))
+        if grown == carry_mask:
+            return carry_mask, outs[k:]
+        carry_mask = grown
+
+
+def _jvp_body(body: Graph, n_consts: int, n_carry: int, const_mask: tuple,
+              carry_in_mask: tuple, x_mask: tuple) -> tuple[Graph, tuple, tuple]:
+    """The body J of the tangent scan, with its (carry mask, y mask):
+    (consts, dconsts, carry, dcarry, x, dx) -> (carry', dcarry', dy); the d* hold the
+    positions of the masks. Primal ys are not outputs: the original scan computes them."""
+    key = (id(body), n_consts, n_carry, const_mask, carry_in_mask, x_mask)
+    hit = _JVP_BODIES.get(key)
+    if hit is not None and hit[0] is body:
+        return hit[1], *hit[2]
+    from .autodiff import forward_pass
+    from .passes import optimize
+    carry_mask, y_mask = _carried_tangents(body, n_consts, n_carry, const_mask,
+                                           carry_in_mask, x_mask)
+    jb = Builder("scan-jvp")
+    avals = body.in_avals
+    sections = [(avals[:n_consts], const_mask), (avals[n_consts:n_consts + n_carry], carry_mask),
+                (avals[n_consts + n_carry:], x_mask)]
+    args: list[Traced] = []
+    tans: list[Traced | None] = []
+    for section, mask in sections:
+        primal = [jb.new_input(a) for a in section]
+        tangent = {i: jb.new_input(a) for i, (a, m) in enumerate(zip(section, mask)) if m}
+        args += primal
+        tans += [tangent.get(i) for i in range(len(section))]
+    outs, touts = forward_pass(jb, body, args, tans)
+    with jb.active():
+        dcarry = [touts[i] if touts[i] is not None else E.zeros_like(outs[i])
+                  for i, m in enumerate(carry_mask) if m]
+        dys = [touts[n_carry + j] if touts[n_carry + j] is not None
+               else E.zeros_like(outs[n_carry + j]) for j, m in enumerate(y_mask) if m]
+    jvp = optimize(jb.build(outs[:n_carry] + dcarry + dys))
+    remember(_JVP_BODIES, key, (body, jvp, (carry_mask, y_mask)), 1024)
+    return jvp, carry_mask, y_mask
+
+
+def scan_jvp(*args: Any, out: list, body: Graph, length: int, n_consts: int,
+             n_carry: int) -> list:
+    """JVP["scan"]: one scan of the JVP body carrying the tangents beside the primal carry."""
+    n = len(args) // 2
+    ts, xs = args[:n], args[n:]
+    n_x = len(body.invars) - n_consts - n_carry
+    c, k = n_consts, n_carry
+    x_ts = [ts[c + k + t * n_x:c + k + (t + 1) * n_x] for t in range(length)]
+    const_mask = tuple(t is not None for t in ts[:c])
+    carry_in_mask = tuple(t is not None for t in ts[c:c + k])
+    x_mask = tuple(any(step[j] is not None for step in x_ts) for j in range(n_x))
+    jvp, carry_mask, y_mask = _jvp_body(body, c, k, const_mask, carry_in_mask, x_mask)
+    zeros: dict[Aval, Any] = {}
+
+    def tangent(t: Any, x: Any) -> Any:
+        if t is not None:
+            return t
+        aval = Aval(tuple(x.shape), x.dtype)
+        if aval not in zeros:
+            zeros[aval] = E.full(aval.shape, 0, aval.dtype)
+        return zeros[aval]
+
+    def section(vals: Sequence[Any], tans: Sequence[Any], mask: tuple) -> list:
+        return list(vals) + [tangent(t, x) for t, x, m in zip(tans, vals, mask) if m]
+
+    inputs = section(xs[:c], ts[:c], const_mask) + section(xs[c:c + k], ts[c:c + k], carry_mask)
+    for t in range(length):
+        inputs += section(xs[c + k + t * n_x:c + k + (t + 1) * n_x], x_ts[t], x_mask)
+    n_dc, n_dy = sum(carry_mask), sum(y_mask)
+    res = bind("scan", *inputs, body=jvp, length=length, n_consts=c + sum(const_mask),
+               n_carry=k + n_dc)
+    dcarry = iter(res[k:k + n_dc])
+    result = [next(dcarry) if m else None for m in carry_mask]
+    for t in range(length):
+        dys = iter(res[k + n_dc + t * n_dy:k + n_dc + (t + 1) * n_dy])
+        result += [next(dys) if m else None for m in y_mask]
+    return result
+
+
+# ---- optimising bodies -------------------------------------------------------------------------
+
+# id(body) -> (body, the optimised body taking its constants as leading consts, the constants)
+_OPTIMIZED: dict[int, tuple[Graph, Graph, list[tuple[Var, np.ndarray]]]] = {}
+
+
+def optimize_bodies(graph: Graph, optimize: Any) -> Graph:
+    """`graph` with each scan's body optimised (by `optimize`, recursively) and the body's
+    constants moved out to `graph`'s, read by the scan as leading consts: after `ir.optimize`
+    no body holds a constant, so the native backend finds every array among the graph's."""
+    eqns = []
+    constvars, consts = list(graph.constvars), list(graph.consts)
+    hoisted: dict[int, Var] = {}     # id(array) -> its constvar in `graph`
+    changed = False
+    for e in graph.eqns:
+        if e.op != "scan":
+            eqns.append(e)
+            continue
+        body = e.params["body"]
+        new, lifted = _optimized_body(body, optimize)
+        if new is body:
+            eqns.append(e)
+            continue
+        changed = True
+        extra = []
+        for v, c in lifted:
+            w = hoisted.get(id(c))
+            if w is None or w.aval != v.aval:
+                w = hoisted[id(c)] = Var(v.aval)
+                constvars.append(w)
+                consts.append(c)
+            extra.append(w)
+        params = dict(e.params, body=new, n_consts=e.params["n_consts"] + len(lifted))
+        eqns.append(Eqn("scan", extra + list(e.inputs), e.outvars, params, e.source))
+    if not changed:
+        return graph
+    return Graph(graph.invars, eqns, list(graph.outvars), constvars, consts)
+
+
+def _optimized_body(body: Graph, optimize: Any) -> tuple[Graph, list[tuple[Var, np.ndarray]]]:
+    hit = _OPTIMIZED.get(id(body))
+    if hit is not None and hit[0] is body:
+        return hit[1], hit[2]
+    opt = optimize(body)
+    unchanged = (not body.constvars and len(opt.eqns) == len(body.eqns)
+                 and all(a.outvars is b.outvars and a.params is b.params
+                         for a, b in zip(opt.eqns, body.eqns))
+                 and all(a is b for a, b in zip(opt.outvars, body.outvars)))
+    if unchanged:
+        new, lifted = body, []
+    else:
+        # the constvars become the leading inputs: the same Vars, now bound by the scan
+        new = Graph(opt.constvars + opt.invars, opt.eqns, opt.outvars)
+        lifted = list(zip(opt.constvars, opt.consts))
+        remember(_OPTIMIZED, id(new), (new, new, []), 4096)   # optimised: its own fixed point
+    remember(_OPTIMIZED, id(body), (body, new, lifted), 4096)
+    return new, lifted
+
+
+__all__ = ["has_scan", "optimize_bodies", "scan_jvp", "split_inputs", "unroll_scans"]
