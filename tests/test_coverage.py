@@ -62,6 +62,15 @@ def _native_graphs():
     yield "custom_vjp_call", tg.make_ir(lambda x: tg.grad(lambda y: tg.sum(twice(y)))(x)
                                         + twice(x))(x), [x]
 
+    def rnn(W, xs):          # its gradient rolls the loop into scans
+        h = xs[0]
+        for t in range(1, 7):
+            h = tg.tanh(h @ W + xs[t])
+        return tg.sum(h * h)
+    W = (np.arange(9, dtype=np.float32).reshape(3, 3) - 4) / 10
+    xs = np.linspace(-1, 1, 7 * 2 * 3, dtype=np.float32).reshape(7, 2, 3)
+    yield "scan", tg.make_ir(tg.grad(rnn))(W, xs), [W, xs]
+
 
 def test_every_op_lowers_to_native_code():
     """Every primitive compiles natively (not just dispatches by kind) and agrees with the

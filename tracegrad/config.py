@@ -22,6 +22,9 @@ class Config:
         # Run everything on the reference interpreter.
         self.disable_jit: bool = _flag("TRACEGRAD_DISABLE_JIT", False)
         self.log_compiles: bool = _flag("TRACEGRAD_LOG_COMPILES", False)
+        # Differentiate a traced Python loop as one `scan` (ir.roll_loops) rather than step by
+        # step: the backward pass and the interpreter's setup stop growing with the length.
+        self.roll_loops: bool = _flag("TRACEGRAD_ROLL_LOOPS", True)
 
     def __repr__(self) -> str:
         return f"Config({vars(self)})"

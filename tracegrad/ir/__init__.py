@@ -4,6 +4,7 @@ from .builder import Builder, Traced, TracingError, bind, current_builder, user_
 from .core import Atom, Aval, Eqn, Graph, Lit, Var, aval_of, is_float, short_dtype
 from .hashing import structural_hash
 from .interpret import Program, interpret, program
+from .loops import roll_loops
 from .ops import OPS, DTypeError, OpDef, ShapeError
 from .passes import cse, dce, fold_constants, optimize, rewrite, simplify
 from .printer import format_graph, graph_to_dot
@@ -15,5 +16,6 @@ __all__ = [
     "OpDef", "Program", "ShapeError", "Traced", "TracingError", "VJP", "Var", "aval_of",
     "backward_pass", "bind", "cse", "current_builder", "dce", "fold_constants", "format_graph",
     "forward_pass", "graph_to_dot", "interpret", "is_float", "jvp_graph", "optimize", "program",
-    "rewrite", "short_dtype", "simplify", "structural_hash", "user_source", "verify", "vjp_graph",
+    "rewrite", "roll_loops", "short_dtype", "simplify", "structural_hash", "user_source",
+    "verify", "vjp_graph",
 ]

@@ -67,6 +67,8 @@ def _reaching(graph: Graph, wrt: Sequence[int]) -> set[int]:
 
 def _rule(e: Any, gs: list, ins: list, outs: list, need: tuple | None) -> Any:
     if OPS[e.op].multi_out:
+        if need is not None:
+            return VJP[e.op](gs, *ins, out=outs, need=need, **e.params)
         return VJP[e.op](gs, *ins, out=outs, **e.params)
     if need is not None:
         return VJP[e.op](gs[0], *ins, out=outs[0], need=need, **e.params)
@@ -79,6 +81,7 @@ def _rule(e: Any, gs: list, ins: list, outs: list, need: tuple | None) -> Any:
 # differentiates each step the same way), instead of running the rule again.
 _TEMPLATES: dict[Any, Any] = {}
 _UNCACHED = {"custom_vjp_call"}     # runs user code
+_PARTIAL = PARTIAL_VJP | {"scan"}   # rules told which inputs need a gradient
 
 
 def _vjp(b: Builder, e: Any, gs: list, ins: list, outs: list, need: tuple | None) -> Any:
@@ -171,7 +174,7 @@ def backward_pass(b: Builder, graph: Graph, args: Sequence[Any], cts: Sequence[A
                 ins = [_read(b, env, a) for a in e.inputs]
                 outs_e = [env[v.id] for v in e.outvars]
                 need = tuple(type(a) is not Lit and a.id in live for a in e.inputs) \
-                    if e.op in PARTIAL_VJP else None
+                    if e.op in _PARTIAL else None
                 n_before = len(b.eqns)
                 grads = _vjp(b, e, gs, ins, outs_e, need)
                 sums.note_matmuls(n_before)

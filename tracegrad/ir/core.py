@@ -29,7 +29,8 @@ def short_dtype(dtype: np.dtype) -> str:
 
 
 def is_float(dtype: np.dtype) -> bool:
-    return np.issubdtype(dtype, np.floating)
+    kind = getattr(dtype, "kind", None)    # a dtype; np.issubdtype costs a microsecond
+    return kind == "f" if kind is not None else np.issubdtype(dtype, np.floating)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,17 @@ class Aval:
     """The abstract value of an array: its shape and dtype."""
     shape: tuple[int, ...]
     dtype: np.dtype
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # avals key every memo of the tracing path: hash them once
+        object.__setattr__(self, "_hash", hash((self.shape, self.dtype)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple:     # the hash is made again in the process that loads it
+        return (Aval, (self.shape, self.dtype))
 
     @property
     def ndim(self) -> int:

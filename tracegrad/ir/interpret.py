@@ -203,6 +203,10 @@ class Program:
                 slots[e.outvars[0].id] = new(val.reshape(e.outvars[0].aval.shape))
                 continue
             ins = tuple([slot_of(a) for a in e.inputs])
+            if e.op == "scan":
+                for v, k in zip(e.outvars, _unroll(e, ins, init, steps)):
+                    slots[v.id] = k
+                continue
             multi = OPS[e.op].multi_out
             fn = _step_fn(e, multi)
             outs = tuple([new() for _ in e.outvars])
@@ -238,6 +242,31 @@ class Program:
                     for k, o in zip(out, fn(*[env[i] for i in ins])):
                         env[k] = o
         return [np.array(env[k]) for k in self.outs]
+
+
+def _unroll(e: Any, ins: tuple, init: list, steps: list) -> list[int]:
+    """Append the steps of a scan, its body's Program repeated per iteration over fresh slots;
+    returns the slots of the scan's outputs."""
+    p = e.params
+    body, n_c, n_k = p["body"], p["n_consts"], p["n_carry"]
+    prog = program(body)
+    n_in = prog.n_in
+    n_x = n_in - n_c - n_k
+    consts, carry, xs = list(ins[:n_c]), list(ins[n_c:n_c + n_k]), ins[n_c + n_k:]
+    local = prog.init[n_in:]
+    ys: list[int] = []
+    for t in range(p["length"]):
+        where = consts + carry + list(xs[t * n_x:(t + 1) * n_x])
+        base = len(init) - n_in
+        init.extend(local)
+        where.extend(range(base + n_in, base + n_in + len(local)))
+        for fn, s_ins, s_out, n in prog.steps:
+            out = where[s_out] if n >= 0 else tuple([where[k] for k in s_out])
+            steps.append((fn, tuple([where[k] for k in s_ins]), out, n))
+        outs = [where[k] for k in prog.outs]
+        carry = outs[:n_k]
+        ys += outs[n_k:]
+    return carry + ys
 
 
 def program(graph: Graph) -> Program:

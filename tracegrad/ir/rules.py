@@ -12,6 +12,7 @@ from typing import Any, Callable
 from . import emit as E
 from .core import is_float
 from .scan import scan_jvp
+from .loops import scan_vjp
 
 Rule = Callable[..., Any]
 VJP: dict[str, Rule] = {}
@@ -203,6 +204,7 @@ VJP.update({
     "scatter_add": lambda g, x, idx, out, axis, size: (E.take(g, idx, axis), None),
     "matmul": _matmul_vjp,
     "custom_vjp_call": _custom_vjp,
+    "scan": scan_vjp,
 })
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import ir
 from ..config import config
+from ..ir.loops import unrolled_size
 
 # set by tracegrad.runtime: compile(graph) -> callable(list of arrays) -> list of arrays,
 # run(graph, args), lookup(graph) -> compiled code already cached, or None
@@ -55,13 +56,13 @@ def _native(graph: ir.Graph) -> Any:
     exe = _backend["compile"](graph)
     took = time.perf_counter() - t0
     if took > 0.01 and graph.eqns:   # a real compile, not a cache hit
-        _cost["per_eqn"] = 0.75 * _cost["per_eqn"] + 0.25 * took / len(graph.eqns)
+        _cost["per_eqn"] = 0.75 * _cost["per_eqn"] + 0.25 * took / unrolled_size(graph)
     return exe
 
 
 def compile_estimate(graph: ir.Graph) -> float:
     """Seconds compiling `graph` is expected to take."""
-    return _cost["per_eqn"] * max(len(graph.eqns), 1)
+    return _cost["per_eqn"] * max(unrolled_size(graph), 1)
 
 
 def _tiered(graph: ir.Graph) -> bool:

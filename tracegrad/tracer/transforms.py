@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import ir
 from ..ir import emit as E
+from ..config import config
 from ..ir.builder import Builder, current_builder
 from .pytree import tree_flatten, tree_unflatten
 from .trace import aval_of_leaf, call_graph, flatten_args, trace
@@ -89,7 +90,7 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
         _check_float(flatten_args([a for i, a in enumerate(args) if i not in static])[0],
                      wrt, "grad")
         tf, leaves = trace(f, args, static)
-        g = tf.graph
+        g = ir.roll_loops(tf.graph) if config.roll_loops else tf.graph
         n_out = len(g.outvars)
         if has_aux:
             if tf.out_tree.kind not in ("tuple", "list") or len(tf.out_tree.children) != 2:
@@ -143,7 +144,7 @@ def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -
 def vjp(f: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     """`(out, vjp_fn)`; `vjp_fn(cotangent)` returns one gradient per primal (a tuple)."""
     tf, leaves = trace(f, primals)
-    g = tf.graph
+    g = ir.roll_loops(tf.graph) if config.roll_loops else tf.graph
     out_tree = tf.out_tree
     outs = _run(g, tf.captured, leaves)
     out = tree_unflatten(out_tree, outs)

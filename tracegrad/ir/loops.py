@@ -1,0 +1,577 @@
+"""Loops in the IR: rolling the unrolled trace of a Python loop into a `scan`, and scan's VJP.
+
+A trace of `for t in range(T): h = step(h, t)` holds T copies of the step. Differentiating,
+optimising and preparing it for the interpreter would cost O(T) work for every new T. The
+`roll_loops` pass finds the repeated block and writes it as one `scan` equation whose body is
+shared by every trace with the same step (bodies are interned by structure), so the work done
+per body (its linearisation for the VJP, its interpreter template) is done once for all T."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from . import emit as E
+from .builder import Builder, Traced
+from .core import Atom, Eqn, Graph, Lit, Var, is_float, remember
+from .passes import _frozen_params
+
+# ---- rolling -----------------------------------------------------------------------------------
+
+_UNROLLABLE = {"custom_vjp_call"}     # runs user code when differentiated: left as traced
+_BODIES: dict[Any, Graph] = {}       # the body's structure -> the one graph of it
+_EQN_KEYS: dict[Any, int] = {}       # an equation up to its input variables -> a small int
+
+
+def _depths(eqns: Sequence[Eqn]) -> list[int]:
+    """Each equation's distance from the graph inputs (1 + the deepest producer)."""
+    depth_of: dict[int, int] = {}
+    out = []
+    for e in eqns:
+        d = 0
+        for a in e.inputs:
+            if type(a) is Var:
+                k = depth_of.get(a.id, 0)
+                if k > d:
+                    d = k
+        d += 1
+        out.append(d)
+        for v in e.outvars:
+            depth_of[v.id] = d
+    return out
+
+
+def _key_table(order: Sequence[Eqn], outvars: Sequence[Atom]) -> tuple:
+    """Per equation a small int, equal for equations equal up to the identity of their input
+    variables; per var its uses and the position of its last use; per var its producer."""
+    table = _EQN_KEYS
+    keys = []
+    uses: dict[int, int] = {}
+    last: dict[int, int] = {}
+    producer: dict[int, Eqn] = {}
+    for pos, e in enumerate(order):
+        for v in e.outvars:
+            producer[v.id] = e
+        ins = []
+        for a in e.inputs:
+            if type(a) is Var:
+                ins.append(a.aval)
+                uses[a.id] = uses.get(a.id, 0) + 1
+                last[a.id] = pos
+            else:
+                ins.append(a.key())
+        if e.op in _UNROLLABLE:
+            keys.append(-1 - pos)
+            continue
+        outs = e.outvars[0].aval if len(e.outvars) == 1 else tuple([v.aval for v in e.outvars])
+        try:     # params as given (equal dicts listed in another order only miss a roll)
+            k = (e.op, tuple(e.params.items()), tuple(ins), outs)
+            keys.append(table.setdefault(k, len(table)))
+        except TypeError:
+            try:
+                k = (e.op, _frozen_params(e.params), tuple(ins), outs)
+                keys.append(table.setdefault(k, len(table)))
+            except TypeError:      # params that cannot be hashed
+                keys.append(-1 - pos)
+    for a in outvars:
+        if type(a) is Var:
+            uses[a.id] = uses.get(a.id, 0) + 1
+            last[a.id] = len(order)
+    return keys, uses, last, producer
+
+
+def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
+    """`graph` with every run of >= `min_trips` repeated blocks (>= `min_eqns` equations in
+    all) that passes values from one block to the next rolled into a `scan`; the graph itself
+    when there is none. The equations are first put in a topological order by depth, which
+    groups the steps' work on the carried values into equal blocks; the steps' work on their
+    own inputs (`xs[t] @ U`), sorted ahead of the loop, then moves back into the body."""
+    eqns = graph.eqns
+    n = len(eqns)
+    if n < min_eqns:
+        return graph
+    if len(_EQN_KEYS) > 1 << 16:
+        _EQN_KEYS.clear()
+    depth = _depths(eqns)
+    order = [eqns[i] for i in sorted(range(n), key=depth.__getitem__)]
+    keys, uses, last_use, producer = _key_table(order, graph.outvars)
+    key_of = {id(e): k for e, k in zip(order, keys)}
+    nxt = [n] * n
+    seen: dict[int, int] = {}
+    for i in range(n - 1, -1, -1):
+        nxt[i] = seen.get(keys[i], n)
+        seen[keys[i]] = i
+    sunk: set[int] = set()
+    failed: dict[tuple[int, int], int] = {}   # (key, period) -> end of the run that failed
+    out: list[Eqn] = []
+    i = 0
+    while i < n:
+        p = nxt[i] - i
+        if i + min_trips * p <= n and p * min_trips >= min_eqns and \
+                failed.get((keys[i], p), -1) < i + min_trips * p:
+            body_keys = keys[i:i + p]
+            reps = 1
+            while i + (reps + 1) * p <= n and keys[i + reps * p:i + (reps + 1) * p] == body_keys:
+                reps += 1
+            if reps >= min_trips and p * reps >= min_eqns:
+                blocks = [order[i + k * p:i + (k + 1) * p] for k in range(reps)]
+                flow = _flow(blocks)
+                if flow is not None:    # move the steps' own work on their inputs in
+                    moved = _sink(flow[2], blocks, producer, key_of, uses)
+                    if moved:
+                        deeper = _flow(blocks)
+                        if deeper is not None:
+                            flow = deeper
+                            sunk.update(id(e) for e in moved)
+                        else:
+                            blocks = [order[i + k * p:i + (k + 1) * p] for k in range(reps)]
+                if flow is not None:
+                    out.append(_scan_eqn(blocks, flow, last_use, i + reps * p, key_of))
+                    i += reps * p
+                    continue
+                failed[(keys[i], p)] = i + reps * p   # its tails would fail the same way
+        out.append(order[i])
+        i += 1
+    if len(out) == n:
+        return graph
+    if sunk:
+        out = [e for e in out if id(e) not in sunk]
+    return Graph(graph.invars, out, graph.outvars, graph.constvars, graph.consts)
+
+
+def _sink(xs: list[list[Atom]], blocks: list[list[Eqn]], producer: dict[int, Eqn],
+          key_of: dict[int, int], uses: dict[int, int]) -> list[Eqn]:
+    """Prepend to each block the equations made before the loop whose results only that
+    block reads, alike in every block (`xs[t] @ U` sorted ahead of the loop moves into the
+    body, then what made its `xs[t]`...). Returns the equations moved."""
+    moved: list[Eqn] = []
+    work = list(xs)
+    while work:
+        atoms = work.pop()
+        made = [producer.get(a.id) for a in atoms]
+        if any(e is None or len(e.outvars) != 1 for e in made):
+            continue
+        key = key_of[id(made[0])]
+        if key < 0 or any(key_of[id(e)] != key for e in made) or \
+                len({id(e) for e in made}) != len(made):
+            continue
+        if not all(uses[a.id] == 1 or uses[a.id] == sum(1 for e in blk for b in e.inputs
+                                                          if b is a)
+                   for a, blk in zip(atoms, blocks)):
+            continue
+        for blk, e in zip(blocks, made):
+            blk.insert(0, e)
+        moved += made
+        for q in range(len(made[0].inputs)):
+            ins = [e.inputs[q] for e in made]
+            if type(ins[0]) is Var and any(a is not ins[0] for a in ins):
+                work.append(ins)
+    return moved
+
+
+def _flow(blocks: list[list[Eqn]]) -> tuple | None:
+    """How values flow into `blocks` (equal op for op), or None when not like a loop's: each
+    input of a block's equation must be, in every block, the same literal, an earlier value of
+    the same block, the previous block's value at one place (a carry), one outer value (a
+    constant), or an outer value per block (a per-step input). Returns (per equation, per
+    input: how the body reads it; the constants; the carries: (j, o) of the value -> its init;
+    the per-step inputs, each as its value in every block)."""
+    reps, p = len(blocks), len(blocks[0])
+    made0 = {v.id for e in blocks[0] for v in e.outvars}
+    if not any(type(a) is Var and a.id in made0 for e in blocks[1] for a in e.inputs):
+        return None                 # nothing carried: independent steps gain nothing
+    local: list[dict[int, tuple[int, int]]] = []
+    for blk in blocks:
+        loc = {}
+        for j, e in enumerate(blk):
+            for o, v in enumerate(e.outvars):
+                loc[v.id] = (j, o)
+        local.append(loc)
+    loc0 = local[0]
+    inside = {vid for loc in local for vid in loc}
+    consts: dict[int, Var] = {}
+    carries: dict[tuple[int, int], Atom] = {}
+    xs: list[list[Atom]] = []
+    plan: list[list[tuple]] = []
+    for j in range(p):
+        row = []
+        for q, a0 in enumerate(blocks[0][j].inputs):
+            if type(a0) is Lit:
+                row.append(("lit", a0))
+                continue
+            src = loc0.get(a0.id)
+            if src is not None:          # made earlier in the same block
+                for k in range(1, reps):
+                    if local[k].get(blocks[k][j].inputs[q].id) != src:
+                        return None
+                row.append(("in", src))
+                continue
+            src = loc0.get(blocks[1][j].inputs[q].id)
+            if src is not None:          # the previous block's value: a carry
+                for k in range(2, reps):
+                    if local[k - 1].get(blocks[k][j].inputs[q].id) != src:
+                        return None
+                if a0.id in inside or carries.setdefault(src, a0) is not a0:
+                    return None
+                row.append(("carry", src))
+                continue
+            atoms = [blk[j].inputs[q] for blk in blocks]
+            if any(a.id in inside for a in atoms):
+                return None              # read from another block
+            if all(a is a0 for a in atoms):
+                consts.setdefault(a0.id, a0)
+                row.append(("const", a0.id))
+            else:
+                row.append(("x", len(xs)))
+                xs.append(atoms)
+        plan.append(row)
+    if not carries:
+        return None                 # independent steps: nothing to gain from a loop
+    return plan, consts, xs, carries
+
+
+def _scan_eqn(blocks: list[list[Eqn]], flow: tuple, last_use: dict[int, int],
+              end: int, key_of: dict[int, int]) -> Eqn:
+    """The scan equation computing `blocks`; its per-step outputs are the values read after
+    position `end`."""
+    plan, consts, xs, carries = flow
+    reps = len(blocks)
+    first, last = blocks[0], blocks[-1]
+    ys: list[tuple[int, int]] = []
+    for j in range(len(first)):
+        for o in range(len(first[j].outvars)):
+            k_from = reps - 1 if (j, o) in carries else reps
+            if any(last_use.get(blocks[k][j].outvars[o].id, -1) >= end for k in range(k_from)):
+                ys.append((j, o))
+    const_at = {vid: k for k, vid in enumerate(consts)}
+    shape = (tuple([key_of[id(e)] for e in first]),
+             tuple([tuple([(kind, const_at[arg]) if kind == "const" else
+                           (kind,) if kind == "lit" else (kind, arg) for kind, arg in row])
+                    for row in plan]), tuple(carries), tuple(ys))
+    body = _BODIES.get(shape)
+    if body is None:
+        body = remember(_BODIES, shape, _body(first, flow, ys), 1024)
+    inputs: list[Atom] = list(consts.values()) + list(carries.values())
+    for k in range(reps):
+        inputs += [atoms[k] for atoms in xs]
+    outvars = [last[j].outvars[o] for j, o in carries]
+    for k in range(reps):
+        for j, o in ys:
+            v = blocks[k][j].outvars[o]
+            outvars.append(Var(v.aval) if k == reps - 1 and (j, o) in carries else v)
+    return Eqn("scan", inputs, outvars,
+               {"body": body, "length": reps, "n_consts": len(consts),
+                "n_carry": len(carries)}, first[0].source)
+
+
+def _body(first: list[Eqn], flow: tuple, ys: list[tuple[int, int]]) -> Graph:
+    """The scan body: the first block's equations reading the body's inputs."""
+    plan, consts, xs, carries = flow
+    c_in = {vid: Var(v.aval) for vid, v in consts.items()}
+    carry_src = list(carries)
+    k_in = {src: Var(first[src[0]].outvars[src[1]].aval) for src in carry_src}
+    x_in = [Var(atoms[0].aval) for atoms in xs]
+    made: dict[tuple[int, int], Var] = {}
+    eqns = []
+    for j, (e, row) in enumerate(zip(first, plan)):
+        ins: list[Atom] = []
+        for kind, arg in row:
+            if kind == "lit":
+                ins.append(arg)
+            elif kind == "in":
+                ins.append(made[arg])
+            elif kind == "carry":
+                ins.append(k_in[arg])
+            elif kind == "const":
+                ins.append(c_in[arg])
+            else:
+                ins.append(x_in[arg])
+        outs = [Var(v.aval) for v in e.outvars]
+        for o, v in enumerate(outs):
+            made[(j, o)] = v
+        eqns.append(Eqn(e.op, ins, outs, e.params, e.source))
+    return Graph(list(c_in.values()) + [k_in[s] for s in carry_src] + x_in, eqns,
+                 [made[s] for s in carry_src] + [made[y] for y in ys])
+
+
+def unrolled_size(graph: Graph) -> int:
+    """The number of equations `graph` has with its scans unrolled (what the native backend
+    compiles); remembered on the graph."""
+    n = graph.__dict__.get("_unrolled_size")
+    if n is None:
+        n = sum(e.params["length"] * unrolled_size(e.params["body"]) if e.op == "scan" else 1
+                for e in graph.eqns)
+        graph.__dict__["_unrolled_size"] = n
+    return n
+
+
+# ---- reverse mode ------------------------------------------------------------------------------
+
+class _Linear:
+    """A scan body split for reverse mode. `fwd` is the body with residual outputs appended
+    (the values the backward step reads), `bwd` the backward step, run in reverse order:
+    (invariants, carry cotangents, per step: residuals, output cotangents) ->
+    (carry cotangents, per step: constant gradient terms, input gradients). `pre` computes the
+    loop invariants the backward step reads (`W.T`) once, from the constants."""
+    __slots__ = ("body", "fwd", "bwd", "pre", "res", "inv", "terms", "x_grads", "n_ct_y")
+
+    def __init__(self, body: Graph, n_consts: int, n_carry: int, need: tuple, has_ct: tuple):
+        self.body = body     # kept alive: the cache is keyed by its id
+        C, K = n_consts, n_carry
+        lb = Builder("scan-vjp")
+        args = [lb.new_input(v.aval) for v in body.invars]
+        cts = [lb.new_input(v.aval) if has_ct[i] else None for i, v in enumerate(body.outvars)]
+        wrt = [i for i, v in enumerate(body.invars) if need[i]]
+        outs, grads = _backward_pass(lb, body, args, cts, wrt)
+        lin = lb.build(outs + grads)
+        n_in = len(body.invars)
+        arg_vars = lin.invars[:n_in]
+        ct_vars = lin.invars[n_in:]
+        # classify: 0 invariant (constants only), 1 primal (per step), 2 backward (cotangents)
+        cat: dict[int, int] = {v.id: 0 for v in arg_vars[:C]}
+        cat.update({v.id: 1 for v in arg_vars[C:]})
+        cat.update({v.id: 2 for v in ct_vars})
+        cat.update({v.id: 0 for v in lin.constvars})
+        producer: dict[int, Eqn] = {}
+        for e in lin.eqns:
+            c = max([cat[a.id] for a in e.inputs if type(a) is Var], default=0)
+            for v in e.outvars:
+                cat[v.id] = c
+                producer[v.id] = e
+        n_out = len(outs)
+        primal_outs = lin.outvars[:n_out]
+        grad_outs = dict(zip(wrt, lin.outvars[n_out:]))
+        # the backward step's results: carry cotangents, constant terms, input gradients
+        uses: dict[int, int] = {}
+        for e in lin.eqns:
+            for a in e.inputs:
+                if type(a) is Var:
+                    uses[a.id] = uses.get(a.id, 0) + 1
+        for a in lin.outvars:
+            if type(a) is Var:
+                uses[a.id] = uses.get(a.id, 0) + 1
+        bwd_outs: list[Atom] = [grad_outs[i] for i in range(C, C + K) if need[i]]
+        self.terms: list[tuple[int, str]] = []     # per const needing a gradient
+        for i in range(C):
+            if not need[i]:
+                continue
+            g = grad_outs[i]
+            e = producer.get(g.id) if type(g) is Var else None
+            if e is not None and e.op == "matmul" and uses.get(g.id) == 1 and \
+                    all(a.aval.ndim == 2 for a in e.inputs):
+                # sum over steps of a_t @ b_t: one matmul after the loop, of the a_t side by
+                # side and the b_t stacked; an operand made by transposing v_t is stacked as
+                # v_t and transposed once
+                flipped = []
+                for a in e.inputs:
+                    t = producer.get(a.id) if type(a) is Var else None
+                    flip = t is not None and t.op == "transpose" and uses.get(a.id) == 1
+                    bwd_outs.append(t.inputs[0] if flip else a)
+                    flipped.append(flip)
+                self.terms.append((i, tuple(flipped)))
+            else:
+                bwd_outs.append(g)
+                self.terms.append((i, "sum"))
+        self.x_grads = [i - C - K for i in range(C + K, n_in) if need[i]]
+        bwd_outs += [grad_outs[i] for i in range(C + K, n_in) if need[i]]
+        # what the backward equations read from the forward: invariants and residuals
+        bwd_eqns = _needed([e for e in lin.eqns if cat[e.outvars[0].id] == 2], bwd_outs)
+        reads: dict[int, Atom] = {}
+        for e in bwd_eqns:
+            for a in e.inputs:
+                if type(a) is Var and cat[a.id] < 2:
+                    reads.setdefault(a.id, a)
+        for a in bwd_outs:
+            if type(a) is Var and cat[a.id] < 2:
+                reads.setdefault(a.id, a)
+        inv = [a for a in reads.values() if cat[a.id] == 0]
+        res = [a for a in reads.values() if cat[a.id] == 1]
+        # invariants: constants of the body are read directly, others computed by `pre`
+        self.inv = [("const", arg_vars.index(a)) if a in arg_vars[:C] else ("pre", a)
+                    for a in inv]
+        pre_outs = [a for kind, a in self.inv if kind == "pre"]
+        self.pre = _subgraph(lin, [e for e in lin.eqns if cat[e.outvars[0].id] == 0],
+                             arg_vars[:C], pre_outs)
+        self.inv = [(kind, pre_outs.index(a) if kind == "pre" else a) for kind, a in self.inv]
+        # residuals: per-step inputs are read from the scan's inputs, others are fwd outputs
+        x_pos = {v.id: q for q, v in enumerate(arg_vars[C + K:])}
+        fwd_extra = [a for a in res if a.id not in x_pos]
+        self.res = [("x", x_pos[a.id]) if a.id in x_pos else ("out", fwd_extra.index(a))
+                    for a in res]
+        self.fwd = _subgraph(lin, [e for e in lin.eqns if cat[e.outvars[0].id] < 2],
+                             arg_vars, list(primal_outs) + fwd_extra)
+        # ct_vars holds only the cotangents that exist; split them by position
+        ct_iter = iter(ct_vars)
+        ct_carry, ct_ys = [], []
+        for i in range(len(body.outvars)):
+            if has_ct[i]:
+                (ct_carry if i < K else ct_ys).append(next(ct_iter))
+        self.n_ct_y = len(ct_ys)
+        self.bwd = _subgraph(lin, bwd_eqns, inv + ct_carry + res + ct_ys, bwd_outs,
+                             inputs_only=True)
+
+
+def _needed(eqns: list[Eqn], outs: Sequence[Atom]) -> list[Eqn]:
+    used = {a.id for a in outs if type(a) is Var}
+    kept = []
+    for e in reversed(eqns):
+        if any(v.id in used for v in e.outvars):
+            kept.append(e)
+            used.update(a.id for a in e.inputs if type(a) is Var)
+    kept.reverse()
+    return kept
+
+
+def _subgraph(lin: Graph, eqns: list[Eqn], invars: list, outvars: list,
+              inputs_only: bool = False) -> Graph:
+    """The graph of the `eqns` of `lin` that `outvars` need, reading `invars` (and, unless
+    `inputs_only`, `lin`'s constants)."""
+    kept = _needed(eqns, outvars)
+    read = {a.id for e in kept for a in e.inputs if type(a) is Var}
+    read.update(a.id for a in outvars if type(a) is Var)
+    pairs = [(v, c) for v, c in zip(lin.constvars, lin.consts)
+             if v.id in read and v not in invars]
+    if inputs_only and pairs:
+        raise AssertionError("scan backward reads a constant it does not take")
+    return Graph(list(invars), kept, list(outvars), [v for v, _ in pairs],
+                 [c for _, c in pairs])
+
+
+def _backward_pass(*args):
+    from .autodiff import backward_pass    # autodiff's rule table holds scan's VJP
+    return backward_pass(*args)
+
+
+_LINEAR: dict[Any, _Linear] = {}
+
+
+def scan_vjp(gs: list, *ins: Traced, out: list, body: Graph, length: int, n_consts: int,
+             n_carry: int, need: tuple | None = None) -> tuple:
+    """The gradients of a scan's inputs: the forward scan keeps the residuals the backward
+    step needs (the scan being differentiated is upgraded in place when it is in the same
+    graph), then one reverse scan runs the backward step."""
+    C, K, T = n_consts, n_carry, length
+    n_x = len(body.invars) - C - K
+    n_y = len(body.outvars) - K
+    if need is None:
+        need = tuple(is_float(t.dtype) for t in ins)
+    b = ins[0].builder if ins else out[0].builder
+    need_body = tuple([need[i] for i in range(C)]
+                      + [is_float(v.aval.dtype) for v in body.invars[C:C + K]]
+                      + [any(need[C + K + t * n_x + q] for t in range(T)) and
+                         is_float(body.invars[C + K + q].aval.dtype) for q in range(n_x)])
+    has_ct = tuple([is_float(v.aval.dtype) for v in body.outvars[:K]]
+                   + [is_float(body.outvars[K + q].aval.dtype)
+                      and any(gs[K + t * n_y + q] is not None for t in range(T))
+                      for q in range(n_y)])
+    key = (id(body), C, K, need_body, has_ct)
+    lin = _LINEAR.get(key)
+    if lin is None or lin.body is not body:
+        lin = remember(_LINEAR, key, _Linear(body, C, K, need_body, has_ct), 512)
+    consts, xs = ins[:C], ins[C + K:]
+    res_outs = _forward_with_residuals(b, lin, ins, out, body, T, C, K)
+    # loop invariants of the backward step
+    pre_vals = b.inline(lin.pre, consts) if lin.pre.eqns or lin.pre.outvars else []
+    inv = [consts[a] if kind == "const" else pre_vals[a] for kind, a in lin.inv]
+    ct_carry = [gs[i] if gs[i] is not None else E.zeros_like(out[i])
+                for i in range(K) if is_float(body.outvars[i].aval.dtype)]
+    ys_ct_pos = [q for q in range(n_y) if is_float(body.outvars[K + q].aval.dtype)
+                 and any(gs[K + t * n_y + q] is not None for t in range(T))]
+    step_ins: list[Any] = []
+    for t in reversed(range(T)):
+        for kind, q in lin.res:
+            step_ins.append(xs[t * n_x + q] if kind == "x" else res_outs[t][q])
+        for q in ys_ct_pos:
+            g = gs[K + t * n_y + q]
+            step_ins.append(g if g is not None else E.zeros_like(out[K + t * n_y + q]))
+    atoms = [b.atom(v) for v in inv + ct_carry + step_ins]
+    params = {"body": lin.bwd, "length": T, "n_consts": len(inv), "n_carry": len(ct_carry)}
+    res = _emit_scan(b, atoms, params)
+    n_kc = len(ct_carry)
+    carry_grads = res[:n_kc]
+    per_step = len(lin.bwd.outvars) - n_kc
+    steps = [res[n_kc + s * per_step:n_kc + (s + 1) * per_step] for s in range(T)]
+    steps.reverse()                  # steps[t]: the backward step of iteration t
+    grads: list[Any] = [None] * len(ins)
+    k = 0
+    for i in range(C, C + K):
+        if is_float(body.invars[i].aval.dtype):
+            if need[i]:
+                grads[i] = carry_grads[k]
+            k += 1
+    col = 0
+    for i, how in lin.terms:
+        if how != "sum":
+            lhs_t, rhs_t = how
+            lhs = _side_by_side([s[col] for s in steps], 1, lhs_t)
+            rhs = _side_by_side([s[col + 1] for s in steps], 0, rhs_t)
+            grads[i] = E.matmul(lhs, rhs)
+            col += 2
+        else:
+            total = steps[0][col]
+            for s in steps[1:]:
+                total = total + s[col]
+            grads[i] = total
+            col += 1
+    for q in lin.x_grads:
+        for t in range(T):
+            if need[C + K + t * n_x + q]:
+                grads[C + K + t * n_x + q] = steps[t][col]
+        col += 1
+    return tuple(grads)
+
+
+def _emit_scan(b: Builder, atoms: list, params: dict) -> list[Traced]:
+    """Record a scan built here (its types hold by construction: no rule check, which costs
+    per step)."""
+    body, K = params["body"], params["n_carry"]
+    avals = body.out_avals
+    outs = [Var(a) for a in avals[:K]] + [Var(a) for _ in range(params["length"])
+                                          for a in avals[K:]]
+    b.eqns.append(Eqn("scan", atoms, outs, params, b.source_override))
+    return [Traced(b, v) for v in outs]
+
+
+def _side_by_side(parts: list, axis: int, transposed: bool) -> Any:
+    """The 2-d `parts` concatenated along `axis`; when `transposed`, the parts are the
+    transposes of those to concatenate."""
+    if transposed:
+        whole = E.concatenate(parts, 1 - axis) if len(parts) > 1 else parts[0]
+        return E.transpose(whole, (1, 0))
+    return E.concatenate(parts, axis) if len(parts) > 1 else parts[0]
+
+
+def _forward_with_residuals(b: Builder, lin: _Linear, ins: Sequence[Traced], out: list,
+                            body: Graph, T: int, C: int, K: int) -> list[list[Traced]]:
+    """Per step, the residual outputs of `lin.fwd`. The scan equation that made `out` is
+    upgraded to run `lin.fwd` when it is in `b`; otherwise a forward scan runs again."""
+    n_y = len(body.outvars) - K
+    n_extra = len(lin.fwd.outvars) - len(body.outvars)
+    if n_extra == 0:
+        return [[] for _ in range(T)]
+    eqn = _producer(b, out)
+    if eqn is None or eqn.params["body"] is not body:
+        atoms = [b.atom(v) for v in ins]
+        params = {"body": lin.fwd, "length": T, "n_consts": C, "n_carry": K}
+        vals = _emit_scan(b, atoms, params)
+        per = n_y + n_extra
+        return [vals[K + t * per + n_y:K + (t + 1) * per] for t in range(T)]
+    old = eqn.outvars
+    new = old[:K]
+    extra = []
+    for t in range(T):
+        new += old[K + t * n_y:K + (t + 1) * n_y]
+        step = [Var(v.aval) for v in lin.fwd.outvars[len(body.outvars):]]
+        new += step
+        extra.append([Traced(b, v) for v in step])
+    eqn.outvars = new
+    eqn.params = {**eqn.params, "body": lin.fwd}
+    return extra
+
+
+def _producer(b: Builder, out: list) -> Eqn | None:
+    first = next((t.atom for t in out if type(t) is Traced and t.builder is b), None)
+    if type(first) is not Var or first is not out[0].atom:
+        return None
+    for e in reversed(b.eqns):
+        if e.outvars[0] is first:
+            return e if e.op == "scan" and len(e.outvars) == len(out) else None
+    return None
