@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -24,25 +23,42 @@ class TracingError(RuntimeError):
     """A traced value was used where a concrete Python value is needed."""
 
 
-# id(code object) -> (the code object, its file's name or None if ours). Keyed by id: hashing
-# a code object hashes its constants. The entry keeps the code alive, so its id stays its own.
-_CODE_FILES: dict[int, tuple[Any, str | None]] = {}
+# id(code object) -> None if the code is ours, else (its file's base name, {instruction offset:
+# "file:line"}). Keyed by id: hashing a code object hashes its constants. `_CODES` keeps the
+# code objects alive, so their ids stay theirs; both are emptied together.
+_CODE_SITES: dict[int, tuple[str, dict[int, str]] | None] = {}
+_CODES: list[Any] = []
 
 
-def user_source() -> str | None:
-    """The `file:line` of the innermost frame outside the tracegrad package."""
-    f = sys._getframe(1)
-    files = _CODE_FILES
+def _learn_code(code: Any) -> tuple[str, dict[int, str]] | None:
+    if len(_CODES) >= 4096:
+        _CODE_SITES.clear()
+        _CODES.clear()
+    _CODES.append(code)
+    fn = code.co_filename
+    ours = fn.startswith(_PKG_DIR) or fn.startswith("<frozen")
+    info = _CODE_SITES[id(code)] = None if ours else (os.path.basename(fn), {})
+    return info
+
+
+def user_source(skip: int = 0) -> str | None:
+    """The `file:line` of the innermost frame outside the tracegrad package, looking from
+    `skip` frames above the caller (callers skip the frames they know are tracegrad's). A
+    call site's text is remembered by its instruction offset (`f_lineno` decodes the line
+    table)."""
+    f = sys._getframe(1 + skip)
+    sites = _CODE_SITES
     while f is not None:
         code = f.f_code
-        hit = files.get(id(code))
-        if hit is None or hit[0] is not code:
-            fn = code.co_filename
-            hit = remember(files, id(code), (code, None if fn.startswith(_PKG_DIR)
-                                             or fn.startswith("<frozen")
-                                             else os.path.basename(fn)))
-        if hit[1] is not None:
-            return f"{hit[1]}:{f.f_lineno}"
+        info = sites.get(id(code), False)
+        if info is False:
+            info = _learn_code(code)
+        if info is not None:
+            lines = info[1]
+            line = lines.get(f.f_lasti)
+            if line is None:
+                line = lines[f.f_lasti] = f"{info[0]}:{f.f_lineno}"
+            return line
         f = f.f_back
     return None
 
@@ -56,27 +72,71 @@ _state = _State()
 
 
 _RULES: dict[Any, list[Aval]] = {}   # (op, input avals, params) -> output avals
+# (op, ids of the input avals, params) -> (output avals, the input avals). A trace hands the
+# same Aval objects from one equation to the next (outputs come from `_RULES`), so most
+# lookups hash ids rather than shapes and dtypes; each entry keeps its input avals alive, so
+# their ids stay theirs while it exists.
+_RULES_BY_ID: dict[Any, tuple[list[Aval], tuple[Aval, ...]]] = {}
+_AVALS: dict[Aval, Aval] = {}   # the inputs' avals, interned
 
 
-def out_avals_of(op: str, avals: list[Aval], params: dict, source: str | None = None
+def out_avals_of(op: str, avals: Sequence[Aval], params: dict, source: str | None = None
                  ) -> list[Aval]:
     """The output avals of `op` on inputs `avals`, by its shape/dtype rule (remembered: the
     rules are pure). Errors name the op and the user's line."""
+    n = len(avals)   # (unpacking into a tuple costs more than spelling out the short cases)
+    ids = ((op, id(avals[0]), id(avals[1])) if n == 2 else (op, id(avals[0])) if n == 1
+           else (op, *map(id, avals)))
     try:
-        key = (op, *avals, *params.items()) if params else (op, *avals)
-        hit = _RULES.get(key)
+        if params:
+            ids = (ids, tuple(params.items()))
+        hit = _RULES_BY_ID.get(ids)
     except TypeError:       # a parameter that cannot be hashed
-        key = hit = None
+        return _apply_rule(op, avals, params, source)
     if hit is not None:
-        return hit
+        return hit[0]
+    key = (op, *avals, *params.items())
+    out = _RULES.get(key)
+    if out is None:
+        out = remember(_RULES, key, _apply_rule(op, avals, params, source), 16384)
+    remember(_RULES_BY_ID, ids, (out, tuple(avals)), 16384)
+    return out
+
+
+def _apply_rule(op: str, avals: Sequence[Aval], params: dict, source: str | None) -> list[Aval]:
     opdef = OPS[op]
     try:
         out = opdef.rule(*avals, **params)
     except (ShapeError, DTypeError) as e:
         where = f" (at {source})" if source else ""
         raise type(e)(f"{op}: {e}{where}") from None
-    out = list(out) if opdef.multi_out else [out]
-    return out if key is None else remember(_RULES, key, out, 16384)
+    return list(out) if opdef.multi_out else [out]
+
+
+# Literals, shared by the equations that use equal ones (keyed by dtype and bits: 0.0 and -0.0
+# differ), so that their avals are shared too (see _RULES_BY_ID).
+_LITS: dict[Any, Lit] = {}
+
+
+def _literal(arr: np.ndarray) -> Lit:
+    """The literal holding the 0-d array `arr`."""
+    key = (arr.dtype, arr.tobytes())
+    lit = _LITS.get(key)
+    if lit is None:
+        lit = remember(_LITS, key, Lit(arr.copy(), arr.dtype))
+    return lit
+
+
+def scalar_literal(value: int | float, dtype: np.dtype) -> Lit:
+    """The literal of `dtype` holding the Python number `value` (as `np.asarray(value,
+    dtype)`)."""
+    if value != 0 and value == value:    # (0.0 and -0.0 are equal, NaN is not itself)
+        key = (type(value), value, dtype)
+        lit = _LITS.get(key)
+        if lit is None:
+            lit = remember(_LITS, key, _literal(np.asarray(value, dtype)))
+        return lit
+    return _literal(np.asarray(value, dtype))
 
 
 class Builder:
@@ -100,7 +160,8 @@ class Builder:
 
     # -- inputs and constants
     def new_input(self, aval: Aval) -> Traced:
-        v = Var(aval)
+        # one Aval object per type, so rules are looked up by id (see _RULES_BY_ID)
+        v = Var(_AVALS.get(aval) or remember(_AVALS, aval, aval))
         self.invars.append(v)
         return Traced(self, v)
 
@@ -138,8 +199,8 @@ class Builder:
         if isinstance(x, (Var, Lit)):
             return x
         arr = np.asarray(x)
-        if arr.ndim == 0 and arr.dtype != object:
-            return Lit(arr, arr.dtype)
+        if arr.ndim == 0 and arr.dtype.kind != "O":
+            return _literal(arr)
         if arr.dtype == object:
             raise TypeError(f"cannot use a value of type {type(x).__name__} as an array")
         return self.const(arr)
@@ -148,9 +209,9 @@ class Builder:
     def emit(self, op: str, inputs: Sequence[Atom], params: dict,
              source: str | None = None) -> list[Var]:
         source = source or self.source_override or user_source()
-        out_avals = out_avals_of(op, [a.aval for a in inputs], params, source)
-        outs = [Var(a) for a in out_avals]
-        self.eqns.append(Eqn(op, list(inputs), outs, params, source))
+        inputs = list(inputs)
+        outs = [Var(a) for a in out_avals_of(op, [a.aval for a in inputs], params, source)]
+        self.eqns.append(Eqn(op, inputs, outs, params, source))
         return outs
 
     def inline(self, graph: Graph, args: Sequence[Any]) -> list[Traced]:
@@ -177,14 +238,17 @@ class Builder:
         return Graph(self.invars + self.capture_invars, self.eqns, out_atoms,
                      self.constvars, self.consts)
 
-    # -- the active-builder stack
-    @contextmanager
-    def active(self) -> Iterator[Builder]:
+    # -- the active-builder stack: `with b.active(): ...` (a plain context manager: a generator
+    # one costs microseconds, once per trace and per transform)
+    def active(self) -> Builder:
+        return self
+
+    def __enter__(self) -> Builder:
         _state.stack.append(self)
-        try:
-            yield self
-        finally:
-            _state.stack.pop()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _state.stack.pop()
 
 
 def current_builder() -> Builder | None:
@@ -193,33 +257,82 @@ def current_builder() -> Builder | None:
 
 def bind(op: str, *args: Any, **params: Any) -> Any:
     """Apply primitive `op`: record it when tracing, else evaluate the numpy reference."""
-    b = current_builder()
-    if b is None:
-        for a in args:
-            if isinstance(a, Traced):
-                b = a.builder
-                break
-        if b is not None and b.done:   # recording into it would silently lose the op
-            src = user_source()
-            raise TracingError(
-                f"{op}: a traced value escaped from a finished trace (stored in a global or "
-                "returned through a side channel) and was used outside it"
-                + (f" (at {src})" if src else "") + "; pass it as an argument instead")
-    if b is None:
-        arrays = [np.asarray(a) for a in args]
-        opdef = OPS[op]
-        try:
-            opdef.rule(*[aval_of(a) for a in arrays], **params)
-        except (ShapeError, DTypeError) as e:
-            src = user_source()
-            raise type(e)(f"{op}: {e}" + (f" (at {src})" if src else "")) from None
-        out = opdef.ref(*arrays, **params)
-        # numpy hands back scalars for 0-d results; eager ops return arrays, as jit does
-        return tuple(map(np.asarray, out)) if opdef.multi_out else np.asarray(out)
-    outs = b.emit(op, [b.atom(a) for a in args], params)
+    stack = _state.stack
+    if stack:
+        b = stack[-1]
+    else:
+        b = _eager_or_owner(op, args)
+        if b is None:
+            return _evaluate(op, args, params)
+    inputs = [a.atom if type(a) is Traced and a.builder is b else b.atom(a) for a in args]
+    source = b.source_override or user_source(1)
+    # (Builder.emit, inlined: this is the path of every traced op)
+    outs = [Var(a) for a in out_avals_of(op, [a.aval for a in inputs], params, source)]
+    b.eqns.append(Eqn(op, inputs, outs, params, source))
     if OPS[op].multi_out:
         return [Traced(b, v) for v in outs]
     return Traced(b, outs[0])
+
+
+def bind_traced(op: str, x: Traced | Lit, y: Traced | Lit | None = None,
+                params: dict | None = None) -> Traced:
+    """`bind(op, x)` or `bind(op, x, y)` for a single-output `op` on traced values or
+    literals, with `params` (hashable, normalised as `bind`'s callers would; the equation keeps
+    the dict): the ops most steps are made of (`tanh(h @ W + b)`, `xs[t]`, `2.0 * x`).
+    Equations of types seen before are written directly, the rest goes through `bind`. For
+    tracegrad's op functions only: the user's line is looked for above the caller."""
+    stack = _state.stack
+    if stack:
+        b = stack[-1]
+        t = type(x)
+        ax = x.atom if t is Traced and x.builder is b else x if t is Lit else None
+        if y is None:
+            key = (op, id(ax.aval)) if ax is not None else None
+            inputs = [ax]
+        else:
+            t = type(y)
+            ay = y.atom if t is Traced and y.builder is b else y if t is Lit else None
+            key = (op, id(ax.aval), id(ay.aval)) if ax is not None and ay is not None else None
+            inputs = [ax, ay]
+        if key is not None:
+            if params:
+                key = (key, tuple(params.items()))
+            hit = _RULES_BY_ID.get(key)
+            if hit is not None:
+                source = b.source_override or user_source(2)
+                out = Var(hit[0][0])
+                b.eqns.append(Eqn(op, inputs, [out], params or {}, source))
+                return Traced(b, out)
+    params = params or {}
+    return bind(op, x, **params) if y is None else bind(op, x, y, **params)
+
+
+def _eager_or_owner(op: str, args: Sequence[Any]) -> Builder | None:
+    """With no active builder: the builder of a traced argument, or None (evaluate)."""
+    for a in args:
+        if isinstance(a, Traced):
+            b = a.builder
+            if b.done:   # recording into it would silently lose the op
+                src = user_source(2)
+                raise TracingError(
+                    f"{op}: a traced value escaped from a finished trace (stored in a global "
+                    "or returned through a side channel) and was used outside it"
+                    + (f" (at {src})" if src else "") + "; pass it as an argument instead")
+            return b
+    return None
+
+
+def _evaluate(op: str, args: Sequence[Any], params: dict) -> Any:
+    arrays = [np.asarray(a) for a in args]
+    opdef = OPS[op]
+    try:
+        opdef.rule(*[aval_of(a) for a in arrays], **params)
+    except (ShapeError, DTypeError) as e:
+        src = user_source(2)
+        raise type(e)(f"{op}: {e}" + (f" (at {src})" if src else "")) from None
+    out = opdef.ref(*arrays, **params)
+    # numpy hands back scalars for 0-d results; eager ops return arrays, as jit does
+    return tuple(map(np.asarray, out)) if opdef.multi_out else np.asarray(out)
 
 
 class Traced:

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .builder import Traced, bind
+from .builder import Traced, bind, bind_traced, scalar_literal
 from .core import is_float
 
 float32 = np.dtype(np.float32)
@@ -82,13 +82,15 @@ def asdtype(x: Any, dtype: np.dtype) -> Any:
     return arr if arr.dtype == dtype else arr.astype(dtype)
 
 
-def promote(*xs: Any) -> list[Any]:
+def promote(*xs: Any) -> Sequence[Any]:
     first = xs[0]
     if type(first) is Traced and not first.builder.weak_inputs:   # the common case, quickly
         d = first.atom.aval.dtype
-        if all(type(x) is Traced and x.atom.aval.dtype is d and not x.builder.weak_inputs
-               for x in xs):
-            return list(xs)
+        for x in xs:
+            if type(x) is not Traced or x.atom.aval.dtype is not d or x.builder.weak_inputs:
+                break
+        else:
+            return xs
     d = result_dtype(*xs)
     return [asdtype(x, d) for x in xs]
 
@@ -104,7 +106,7 @@ def to_float(x: Any) -> Any:
 def _unary_float(op: str):
     def f(x: Any) -> Any:
         if type(x) is Traced and x.atom.aval.dtype.kind == "f":
-            return bind(op, x)
+            return bind_traced(op, x)
         return bind(op, to_float(x))
     f.__name__ = op
     return f
@@ -145,6 +147,22 @@ def stop_gradient(x: Any) -> Any:
 
 def _binary(op: str):
     def f(x: Any, y: Any) -> Any:
+        # The common cases need no promotion: two traced values of one dtype, and a float
+        # traced value with a Python number (which never changes its dtype); no weak inputs.
+        tx, ty = type(x), type(y)
+        if tx is Traced:
+            if ty is Traced:
+                if (x.atom.aval.dtype is y.atom.aval.dtype and not x.builder.weak_inputs
+                        and not y.builder.weak_inputs):
+                    return bind_traced(op, x, y)
+            elif (ty is float or ty is int) and not x.builder.weak_inputs:
+                d = x.atom.aval.dtype
+                if d.kind == "f":
+                    return bind_traced(op, x, scalar_literal(y, d))
+        elif ty is Traced and (tx is float or tx is int) and not y.builder.weak_inputs:
+            d = y.atom.aval.dtype
+            if d.kind == "f":
+                return bind_traced(op, scalar_literal(x, d), y)
         return bind(op, *promote(x, y))
     f.__name__ = op
     return f
@@ -172,16 +190,21 @@ def logical_or(x: Any, y: Any) -> Any:
     return bind("or", asdtype(x, np.bool_), asdtype(y, np.bool_))
 
 
+_float_div = _binary("div")
+
+
 def div(x: Any, y: Any) -> Any:
     """True division: integer operands divide as float32 (as Python's `/` on ints)."""
+    if ((type(x) is Traced and x.atom.aval.dtype.kind == "f")
+            or (type(y) is Traced and y.atom.aval.dtype.kind == "f")):
+        return _float_div(x, y)    # a float operand: promotion gives a float dtype
     d = result_dtype(x, y)
     if not is_float(d):
         d = float32
     return bind("div", asdtype(x, d), asdtype(y, d))
 
 
-def pow(x: Any, y: Any) -> Any:  # noqa: A001 - numpy's name
-    return bind("pow", *promote(x, y))
+pow = _binary("pow")  # noqa: A001 - numpy's name
 
 
 def where(c: Any, x: Any, y: Any) -> Any:
@@ -271,8 +294,7 @@ def scatter_add(g: Any, idx: Any, axis: int, size: int) -> Any:
     return bind("scatter_add", g, idx, axis=axis, size=size)
 
 
-def matmul(a: Any, b: Any) -> Any:
-    return bind("matmul", *promote(a, b))
+matmul = _binary("matmul")
 
 
 def iota(shape: Sequence[int], dimension: int, dtype: Any) -> Any:

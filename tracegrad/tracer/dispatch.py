@@ -5,7 +5,14 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+import numpy as np
+
+from ..ir.builder import Traced
+
 _tensor_types: list[type] = []
+# Types that neither are nor hold a Tensor: arguments of only these types skip the search
+_PLAIN = frozenset({Traced, np.ndarray, float, int, bool, str, slice, type(None), np.dtype,
+                    type(Ellipsis)})
 
 
 def register_tensor_type(t: type) -> None:
@@ -30,6 +37,13 @@ def op(name: str) -> Callable[[Callable], Callable]:
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
             if _tensor_types:
+                plain = _PLAIN
+                for a in args:
+                    if type(a) not in plain:
+                        break
+                else:
+                    if not kwargs:
+                        return fn(*args)
                 t = _find_tensor(args) or _find_tensor(kwargs.values())
                 if t is not None:
                     return t.__tg_function__(fn, name, args, kwargs)

@@ -6,7 +6,8 @@ from typing import Any
 import numpy as np
 
 from ..ir import emit as E
-from ..ir.builder import Traced
+from ..ir.builder import Traced, bind_traced
+from ..ir.core import remember
 from .dispatch import op
 
 
@@ -34,17 +35,24 @@ def _expand(index: Any, ndim: int) -> list[Any]:
     return out
 
 
+_WHOLE: dict[tuple[int, ...], tuple] = {}   # shape -> the slice index of all of it
+
+
 @op("Index")
 def getitem(x: Any, index: Any) -> Any:
     if type(index) is int and type(x) is Traced and x.shape:   # x[t]: the common case
-        shape = x.shape
+        shape = x.atom.aval.shape
         n = shape[0]
         if not -n <= index < n:
             raise IndexError(f"index {index} is out of bounds for axis 0 with size {n}")
         i = index % n
-        y = E.slice_(x, ((i, i + 1, 1),) + tuple((0, d, 1) for d in shape[1:])) \
-            if n != 1 else x
-        return E.reshape(y, shape[1:])
+        rest = shape[1:]
+        if n != 1:
+            whole = _WHOLE.get(rest)
+            if whole is None:
+                whole = remember(_WHOLE, rest, tuple((0, d, 1) for d in rest))
+            x = bind_traced("slice", x, params={"index": ((i, i + 1, 1), *whole)})
+        return bind_traced("reshape", x, params={"shape": rest})
     shape = tuple(E.shape_of(x))
     items = _expand(index, len(shape))
     slices: list[tuple[int, int, int]] = []

@@ -14,9 +14,23 @@ from ..config import config
 from .executor import Tiered, compile_graph
 from .pytree import TreeDef, tree_flatten, unflattener
 from ..ir.builder import current_builder
+from ..ir.core import remember
 from .trace import leaf_value, trace, tracing
 
 log = logging.getLogger("tracegrad")
+
+
+_UNFLATTENERS: dict[TreeDef, Callable] = {}   # made by eval (~0.1 ms): once per output tree
+
+
+def _unflattener(tree: TreeDef) -> Callable:
+    try:
+        fn = _UNFLATTENERS.get(tree)
+    except TypeError:     # a registered node type with unhashable metadata
+        return unflattener(tree)
+    if fn is None:
+        fn = remember(_UNFLATTENERS, tree, unflattener(tree), 1024)
+    return fn
 
 
 @dataclass
@@ -25,7 +39,7 @@ class _Entry:
     run: Callable
 
     def __post_init__(self) -> None:
-        self.unflatten = unflattener(self.out_tree)
+        self.unflatten = _unflattener(self.out_tree)
 
     @property
     def graph(self) -> ir.Graph:

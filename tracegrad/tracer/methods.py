@@ -2,6 +2,8 @@
 spelling numpy arrays and Tensors offer."""
 from __future__ import annotations
 
+from typing import Any
+
 from ..ir.builder import Traced
 from . import numpy_api as tnp
 from .indexing import getitem
@@ -17,12 +19,17 @@ METHODS = {
 }
 
 
+def _matmul(self: Traced, other: Any) -> Any:
+    # another traced value cannot be a Tensor: skip the dispatch
+    return (tnp.matmul.raw if type(other) is Traced else tnp.matmul)(self, other)
+
+
 def install() -> None:
     for name, fn in METHODS.items():
         setattr(Traced, name, fn)
     Traced.__getitem__ = getitem
     # `@` broadcasts batch dimensions like np.matmul (the primitive needs equal batches)
-    Traced.__matmul__ = lambda self, other: tnp.matmul(self, other)
+    Traced.__matmul__ = _matmul
     Traced.__rmatmul__ = lambda self, other: tnp.matmul(other, self)
     Traced.T = property(lambda self: tnp.transpose(self))
     Traced.mT = property(lambda self: tnp.swapaxes(self, -1, -2))

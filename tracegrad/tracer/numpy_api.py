@@ -78,7 +78,7 @@ def _keep(x: Any, out: Any, axes: tuple[int, ...], keepdims: bool) -> Any:
 def _unary(fn, name):
     @op(name)
     def f(x: Any) -> Any:
-        return fn(_arr(x))
+        return fn(x if type(x) is Traced else _arr(x))
     f.__name__ = fn.__name__
     return f
 
@@ -374,6 +374,8 @@ def take(x: Any, indices: Any, axis: int | None = None) -> Any:
 
 @op("Mm")
 def matmul(a: Any, b: Any) -> Any:
+    if type(a) is Traced and type(b) is Traced and 0 < a.ndim <= 2 and 0 < b.ndim <= 2:
+        return E.matmul(a, b)       # the common case: no batch dimensions to broadcast
     a, b = _arr(a), _arr(b)
     sa, sb = E.shape_of(a), E.shape_of(b)
     if len(sa) == 0 or len(sb) == 0:

@@ -8,9 +8,11 @@ import numpy as np
 
 from .. import ir
 from ..ir.builder import Builder, Traced, current_builder
+from ..ir.core import remember
 from .pytree import TreeDef, tree_flatten, tree_unflatten
 
 _LEAF_TYPES = (np.ndarray, np.generic, bool, int, float, Traced)
+_WEAK_TYPES = (bool, int, float)
 
 
 def leaf_value(x: Any, where: str) -> Any:
@@ -28,11 +30,18 @@ def leaf_value(x: Any, where: str) -> Any:
                     "scalar, or a tuple/list/dict/None of them")
 
 
+_AVAL_OF: dict[tuple, ir.Aval] = {}   # (shape, dtype) -> its Aval, made once
+
+
 def aval_of_leaf(x: Any) -> ir.Aval:
     if isinstance(x, Traced):
         return x.aval
-    arr = np.asarray(x)
-    return ir.Aval(tuple(arr.shape), arr.dtype)
+    arr = x if type(x) is np.ndarray else np.asarray(x)
+    key = (arr.shape, arr.dtype)
+    aval = _AVAL_OF.get(key)
+    if aval is None:
+        aval = remember(_AVAL_OF, key, ir.Aval(tuple(arr.shape), arr.dtype))
+    return aval
 
 
 @dataclass
@@ -53,19 +62,26 @@ def trace(fn: Callable, args: Sequence[Any], static_argnums: Sequence[int] = (),
     """Trace `fn(*args)` with fresh inputs for every non-static array leaf.
     Returns the traced function and the flat leaf values of the dynamic arguments.
     `optimized_later`: the caller optimises the graph, so transforms inside need not."""
-    static = set(static_argnums)
-    dyn = [a for i, a in enumerate(args) if i not in static]
-    leaves, in_tree = flatten_args(dyn)
+    if static_argnums:
+        static = set(static_argnums)
+        dyn = [a for i, a in enumerate(args) if i not in static]
+    else:
+        static, dyn = (), args
+    raw, in_tree = tree_flatten(tuple(dyn))
+    leaves = [leaf_value(x, f"argument leaf {i}") for i, x in enumerate(raw)]
     b = Builder(getattr(fn, "__name__", "fn"))
     b.optimized_later = optimized_later
     inputs = [b.new_input(aval_of_leaf(x)) for x in leaves]
     # Python scalar arguments stay weakly typed: `x * n` keeps x's dtype for an int n
-    raw = tree_flatten(tuple(dyn))[0]
-    b.weak_inputs.update(t.atom.id for t, r in zip(inputs, raw)
-                         if isinstance(r, (bool, int, float)) and not isinstance(r, np.generic))
+    for t, r in zip(inputs, raw):
+        if isinstance(r, _WEAK_TYPES) and not isinstance(r, np.generic):
+            b.weak_inputs.add(t.atom.id)
     dyn_args = tree_unflatten(in_tree, inputs)
-    it = iter(dyn_args)
-    call_args = [a if i in static else next(it) for i, a in enumerate(args)]
+    if static:
+        it = iter(dyn_args)
+        call_args = [a if i in static else next(it) for i, a in enumerate(args)]
+    else:
+        call_args = dyn_args
     with b.active():
         out = fn(*call_args)
         out_leaves, out_tree = tree_flatten(out)
