@@ -1,12 +1,18 @@
-"""Forward + backward IR of a recorded Tensor graph, composed from per-op backward templates.
+"""Forward + backward of a recorded Tensor graph as a Plan: numpy steps over numbered slots,
+assembled from per-op recipes without making any IR.
 
-A recorded op's equations come from a template (see tensor_record.record); its reverse pass is
-emitted once per template (and per which inputs need gradients), then copied for every node
-that uses it. A graph seen for the first time — an RNN at a new sequence length — is thus
-assembled by copying equations rather than differentiated and re-derived op by op."""
+A recorded op's equations come from a template (see tensor_record.record). Each template gets
+a forward recipe once — its equations as numpy steps over local numbers (its inputs, its
+constants, the values it makes) — and a backward recipe per (which inputs need gradients,
+which outputs have cotangents), from its reverse pass emitted once. A graph seen for the first
+time — an RNN at a new sequence length — is assembled by renumbering those steps into slots,
+so it costs a few microseconds per equation; its IR is built only if it gets hot enough to be
+compiled (`Plan.graph`)."""
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from .. import ir
 from ..ir.builder import Traced
@@ -15,8 +21,16 @@ from ..ir.ops import OPS
 from ..ir.rules import VJP
 from .autograd_graph import instantiate
 
-_templates: dict = {}    # (template sig id, inputs needing grad, outputs with cts) -> template
+_interp = __import__("importlib").import_module("tracegrad.ir.interpret")
+_step_fn = _interp._step_fn     # the numpy function ir.Program runs for an equation
+
+_recipes: dict = {}     # template sig id -> forward recipe (None: not plannable)
+_brecipes: dict = {}    # (template sig id, inputs needing grad, outputs with cts) -> recipe
+_synthetic: dict = {}   # (op, input avals, params) -> (step fn, equation describing it)
 TEMPLATE_LIMIT = 4096
+_CREATE = ("full", "iota")
+# step functions that always return a new array (any other output is copied when returned)
+_FRESH = {*_interp._UFUNC.values(), np.divide, np.power, np.matmul, _interp._outer}
 
 
 class NoTemplate(Exception):
@@ -73,8 +87,8 @@ def vjp_walk(eqns: list, args: list, out_vars: list, b: Any, env: dict, gouts: d
 def _backward_template(tpl: tuple, needs: tuple, has_ct: tuple) -> tuple | None:
     """(cotangent vars per output, equations, gradient atom or None per input, per equation
     (the forward op it is the backward of, whether it reads no cotangent, whether it is a
-    2-d matmul making a contribution)) for template `tpl`, or None if it captured
-    constants."""
+    2-d matmul making a contribution, whether it is a 2-d transpose)) for template `tpl`, or
+    None if it captured constants."""
     in_ids, teqns, touts = tpl[0], tpl[1], tpl[2]
     outs = [v for v in touts if v is not None]
     by_id = {v.id: v for e in teqns for v in e.inputs if not isinstance(v, Lit)}
@@ -104,222 +118,464 @@ def _backward_template(tpl: tuple, needs: tuple, has_ct: tuple) -> tuple | None:
         if not p:
             reads_ct.update(v.id for v in e.outvars)
         pure.append(p)
-    # which make a contribution a merge may sum (see _Composer.total)
+    # which make a contribution a merge may sum (see _Backward)
     mm = [e.op == "matmul" and not p and len(e.inputs[0].aval.shape) == 2
           and len(e.inputs[1].aval.shape) == 2 for e, p in zip(eqns, pure, strict=True)]
     tr = [e.op == "transpose" and tuple(e.params["perm"]) == (1, 0) for e in eqns]
     return cts, eqns, atoms, list(zip(ops, pure, mm, tr, strict=True))
 
 
-def compose(order: list, in_vars: list, in_gsrc: list, roots: list) -> tuple[ir.Graph, list]:
-    """(graph, wrt): the graph (inputs..., root cotangents...) -> (roots..., gradients of
-    the inputs `wrt`), from the nodes `order` (a grad_walk's)."""
-    c = _Composer()
-    envs = [c.forward(n) for n in order]
-    ct_in = [Var(t._var.aval) for t in roots]
-    for t, g in zip(roots, ct_in, strict=True):
-        c.add(t._var, g)
-    for n, env in zip(reversed(order), reversed(envs), strict=True):
-        c.backward(n, env)
-    wrt = [i for i, g in enumerate(in_gsrc) if g is not None]
-    outs = [t._var for t in roots]
-    for i in wrt:
-        v = in_vars[i]
-        g = c.total(v)
+# ---- recipes ---------------------------------------------------------------------------------
+
+def _const_of(a: Any, e: Eqn | None = None) -> tuple:
+    """(key, value, what to write in IR) of a literal, or of a `full`/`iota` equation."""
+    if e is None:
+        return ("lit", a.aval.dtype.str, a.value.tobytes()), a.value, a
+    v = e.outvars[0]
+    val = np.asarray(OPS[e.op].ref(**e.params), v.aval.dtype).reshape(v.aval.shape)
+    return ("eqn", id(e)), val, e
+
+
+def _recipe(eqns: list, local: dict, k: int, consts: list) -> list | None:
+    """`eqns` as steps (fn, local inputs, local outputs, arity, equation) over local numbers.
+    `local` numbers the values already known (template var id -> number, `k` of them); the
+    constants (literals, `full`/`iota` equations) are appended to `consts` and numbered next,
+    then what the equations make, in order. None if some equation cannot be a step."""
+    lit_no: dict[int, int] = {}
+    for e in eqns:
+        if e.op == "scan":
+            return None
+        for a in e.inputs:
+            if type(a) is Lit and id(a) not in lit_no:
+                lit_no[id(a)] = k + len(consts)
+                consts.append(_const_of(a))
+        if e.op in _CREATE and not e.inputs:
+            local[e.outvars[0].id] = k + len(consts)
+            consts.append(_const_of(None, e))
+    k += len(consts)
+    steps = []
+    for e in eqns:
+        if e.op in _CREATE and not e.inputs:
+            continue
+        ins = tuple([lit_no[id(a)] if type(a) is Lit else local[a.id] for a in e.inputs])
+        multi = OPS[e.op].multi_out
+        outs = []
+        for v in e.outvars:
+            local[v.id] = k
+            outs.append(k)
+            k += 1
+        steps.append((_step_fn(e, multi), ins, tuple(outs), -1 if multi else len(ins), e))
+    return steps
+
+
+class _Forward:
+    """A template's equations as steps over local numbers: its inputs, then its constants,
+    then the values its equations make."""
+    __slots__ = ("n_in", "consts", "steps", "outs", "n_local", "local")
+
+    def __init__(self, tpl: tuple):
+        in_ids, teqns, touts = tpl[0], tpl[1], tpl[2]
+        self.local = local = {}
+        for i, vid in enumerate(in_ids):
+            local.setdefault(vid, i)
+        self.n_in = len(in_ids)
+        self.consts: list = []
+        self.steps = _recipe(teqns, local, self.n_in, self.consts)
+        # a template output that is one of its inputs was copied (see tensor_record._own_var)
+        self.outs = [local[v.id] for v in touts if v is not None] if self.steps is not None \
+            else None
+        self.n_local = self.n_in + len(self.consts) + sum(len(s[2]) for s in self.steps or ())
+
+
+# How the composer treats a reverse-pass step (see _Backward)
+PLAIN, SHARED, FLIP, PRODUCT = 0, 1, 2, 3
+
+
+class _Backward:
+    """A template's reverse pass as steps over the numbers of its forward recipe, extended by
+    the cotangents, the reverse pass's constants and the values it makes. Per step (the
+    forward op it is the backward of, its kind): PLAIN; SHARED, reading forward values only
+    (made once for every node reading the same values); PRODUCT, a 2-d matmul whose result is
+    a gradient contribution and nothing else, and FLIP, a shared 2-d transpose read only as
+    the left operand of PRODUCTs — the composer defers both, so that a weight's per-step
+    contributions `h_t^T @ g_t` can become one matmul of concatenations."""
+    __slots__ = ("consts", "steps", "grads", "infos")
+
+    def __init__(self, fwd: _Forward, bt: tuple):
+        cts, eqns, atoms, infos = bt
+        local = dict(fwd.local)
+        k = fwd.n_local
+        for c in cts:
+            if c is not None:
+                local[c.id] = k
+                k += 1
+        self.consts: list = []
+        self.steps = _recipe(eqns, local, k, self.consts)
+        self.grads = []
+        for g in atoms:
+            if type(g) is Lit:
+                raise NoTemplate
+            self.grads.append(None if g is None else local[g.id])
+        grad_ids = [g.id for g in atoms if g is not None]
+        reads: dict[int, list] = {}
+        for i, e in enumerate(eqns):
+            for j, a in enumerate(e.inputs):
+                if type(a) is Var:
+                    reads.setdefault(a.id, []).append((i, j))
+        kinds = [SHARED if p else PLAIN for _, p, _, _ in infos]
+        for i, e in enumerate(eqns):
+            out = e.outvars[0].id
+            if e.op == "matmul" and kinds[i] == PLAIN and e.inputs[0].aval.ndim == 2 and \
+                    e.inputs[1].aval.ndim == 2 and grad_ids.count(out) == 1 and \
+                    out not in reads:
+                kinds[i] = PRODUCT
+        for i, e in enumerate(eqns):
+            out = e.outvars[0].id
+            if e.op == "transpose" and kinds[i] == SHARED and e.inputs[0].aval.ndim == 2 and \
+                    out in reads and out not in grad_ids and \
+                    all(kinds[r] == PRODUCT and j == 0 for r, j in reads[out]):
+                kinds[i] = FLIP
+        self.infos = [(op, kind) for (op, _, _, _), kind in zip(infos, kinds, strict=True)]
+
+
+def _forward_recipe(tpl: tuple) -> _Forward | None:
+    fwd = _recipes.get(tpl[4], False)
+    if fwd is False:
+        if len(_recipes) > TEMPLATE_LIMIT:
+            _recipes.clear()
+        fwd = _Forward(tpl)
+        if fwd.steps is None:
+            fwd = None
+        _recipes[tpl[4]] = fwd
+    return fwd
+
+
+def _backward_recipe(tpl: tuple, fwd: _Forward, needs: tuple, has_ct: tuple) -> _Backward:
+    key = (tpl[4], needs, has_ct)
+    bwd = _brecipes.get(key)
+    if bwd is None:
+        if len(_brecipes) > TEMPLATE_LIMIT:
+            _brecipes.clear()
+        bt = _backward_template(tpl, needs, has_ct)
+        if bt is None:
+            raise NoTemplate
+        bwd = _brecipes[key] = _Backward(fwd, bt)
+        if bwd.steps is None:
+            raise NoTemplate
+    return bwd
+
+
+def _synth(op: str, ins: tuple, axis: int | None = None) -> tuple:
+    """(step fn, equation) for an op the composer adds itself: `add` of two contributions,
+    `concatenate` along `axis`, a 2-d `transpose`, a `matmul`."""
+    key = (op, axis, *ins)
+    hit = _synthetic.get(key)
+    if hit is None:
+        params = {"axis": axis} if op == "concatenate" else \
+            {"perm": (1, 0)} if op == "transpose" else {}
+        out = OPS[op].rule(*ins, **params)
+        e = Eqn(op, [Var(a) for a in ins], [Var(out)], params, None)
+        hit = _synthetic[key] = (_step_fn(e, False), e)
+    return hit
+
+
+# ---- plans -------------------------------------------------------------------------------
+
+class Plan:
+    """Numpy steps over slots computing a composed graph: `plan(args)` runs them as ir.Program
+    would run the graph (the same numpy function per equation, so the same bits), and
+    `plan.graph()` writes the graph as IR when it is to be compiled."""
+    __slots__ = ("init", "steps", "meta", "outs", "n_in", "in_vars", "consts", "_graph")
+
+    def __call__(self, args: list) -> list:
+        env = self.init.copy()
+        env[:self.n_in] = args
+        with np.errstate(all="ignore"):
+            for fn, ins, out, n in self.steps:
+                if n == 2:
+                    env[out] = fn(env[ins[0]], env[ins[1]])
+                elif n == 1:
+                    env[out] = fn(env[ins[0]])
+                elif n >= 0:
+                    env[out] = fn(*[env[i] for i in ins])
+                else:
+                    for k, o in zip(out, fn(*[env[i] for i in ins]), strict=True):
+                        env[k] = o
+        return [env[k] if fresh else np.array(env[k]) for k, fresh in self.outs]
+
+    def graph(self) -> ir.Graph:
+        """The plan as an IR graph (made once)."""
+        g = self._graph
         if g is None:
-            g = Var(v.aval)
-            c.eqns.append(Eqn("full", [], [g], {"shape": v.aval.shape, "value": 0,
-                                                 "dtype": v.aval.dtype}, None))
+            atoms: dict[int, Any] = dict(enumerate(self.in_vars))
+            eqns = []
+            for k, (_, _, what) in self.consts.items():
+                if type(what) is Lit:
+                    atoms[k] = what
+                else:
+                    v = atoms[k] = Var(what.outvars[0].aval)
+                    eqns.append(Eqn(what.op, [], [v], what.params, what.source))
+            for (_, ins, out, n), (te, src, op) in zip(self.steps, self.meta, strict=True):
+                outs = [Var(v.aval) for v in te.outvars]
+                for k, v in zip(out if n < 0 else (out,), outs, strict=True):
+                    atoms[k] = v
+                source = src if op is None else f"{src or '?'} (backward of {op})"
+                eqns.append(Eqn(te.op, [atoms[i] for i in ins], outs, te.params, source))
+            g = self._graph = ir.Graph(list(self.in_vars), eqns,
+                                       [atoms[k] for k, _ in self.outs])
+        return g
+
+
+def compose(order: list, in_vars: list, in_gsrc: list, roots: list) -> tuple[Plan, list]:
+    """(plan, wrt): the plan (inputs..., root cotangents...) -> (roots..., gradients of the
+    inputs `wrt`), from the nodes `order` (a grad_walk's)."""
+    c = _Composer(in_vars, roots)
+    locs = [c.forward(n) for n in order]
+    for t, k in zip(roots, c.ct_slots, strict=True):
+        c.terms.setdefault(c.vslot[t._var.id], []).append(k)
+    for n, loc in zip(reversed(order), reversed(locs), strict=True):
+        c.backward(n, loc)
+    wrt = [i for i, g in enumerate(in_gsrc) if g is not None]
+    outs = [c.vslot[t._var.id] for t in roots]
+    for i in wrt:
+        aval = in_vars[i].aval
+        g = c.total(i, aval)
+        if g is None:
+            g = c.const(("zeros", aval), np.zeros(aval.shape, aval.dtype),
+                        Eqn("full", [], [Var(aval)], {"shape": aval.shape, "value": 0,
+                                                      "dtype": aval.dtype}, None))
         outs.append(g)
-    return ir.Graph(list(in_vars) + ct_in, c.finish(outs), outs), wrt
+    return c.finish(outs), wrt
 
 
 class _Composer:
-    """The equations of one composed graph, and the gradient contributions not yet summed."""
+    """The steps of one plan, and the gradient contributions not yet summed."""
 
-    def __init__(self) -> None:
-        self.eqns: list[Eqn] = []
-        self.terms: dict[int, list] = {}    # var id -> gradient contributions
-        self.shared: dict[tuple, list] = {}  # (template equation, inputs) -> outputs
-        self.sources: dict[str | None, dict] = {}   # source -> {op: "source (backward of op)"}
-        self.matmuls: dict[int, Eqn] = {}   # var id -> the 2-d matmul making a contribution
-        self.transposes: dict[int, Eqn] = {}    # var id -> the 2-d transpose making it
-        self.merged: set[int] = set()       # ids of equations a merge made unneeded
-        self.concats: dict[tuple, Var] = {}     # (axis, operand ids) -> concatenation
+    def __init__(self, in_vars: list, roots: list) -> None:
+        n_in = len(in_vars)
+        self.in_vars = list(in_vars) + [Var(t._var.aval) for t in roots]
+        self.ct_slots = list(range(n_in, len(self.in_vars)))
+        self.n = len(self.in_vars)              # slots so far
+        self.vslot: dict[int, int] = {v.id: k for k, v in enumerate(in_vars)}
+        self.steps: list = []
+        self.meta: list = []        # per step (equation, source, op it is the backward of)
+        self.consts: dict[int, tuple] = {}      # slot -> (key, value, what to write in IR)
+        self.const_slots: dict[Any, int] = {}   # key -> slot
+        self.terms: dict[int, list] = {}        # slot -> contributions (slots, deferred)
+        self.shared: dict[tuple, Any] = {}      # (recipe step, input slots) -> output slots
+        self.concats: dict[tuple, int] = {}     # (axis, operand slots) -> concatenation
+        self.avals: dict[int, Aval] = {}        # slot -> type, of the slots merges make
 
-    def forward(self, n: Any) -> dict:
-        """Append node `n`'s equations; returns its template variable id -> variable."""
+    def const(self, key: Any, value: Any, what: Any) -> int:
+        k = self.const_slots.get(key)
+        if k is None:
+            k = self.const_slots[key] = self.n
+            self.n += 1
+            self.consts[k] = (key, value, what)
+        return k
+
+    def _emit(self, fn: Any, ins: tuple, te: Eqn, source: Any, op: Any = None) -> int:
+        out = self.n
+        self.n = out + 1
+        self.steps.append((fn, ins, out, len(ins)))
+        self.meta.append((te, source, op))
+        return out
+
+    def forward(self, n: Any) -> list:
+        """Append node `n`'s steps; returns the slot of each of its recipe's numbers."""
         tpl = n.tpl
         if tpl is None:
             raise NoTemplate
-        env: dict = {}
-        ne = n._eqns
-        teqns = tpl[1]
-        if ne is None and len(teqns) == 1 and len(n.out_vars) == 1:   # the common case
-            te = teqns[0]
-            for i, e in zip(tpl[0], n.args, strict=False):
-                env[i] = e[0]
-            out = n.out_vars[0]
-            env[te.outvars[0].id] = out
-            ne = n._eqns = [Eqn(te.op, [a if type(a) is Lit else env[a.id] for a in te.inputs],
-                                [out], te.params, n.src)]
-        elif ne is None:
-            ne = n._eqns = instantiate(tpl, n.args, n.out_vars, n.src, env)
+        fwd = _recipes.get(tpl[4], False)
+        if fwd is False:
+            fwd = _forward_recipe(tpl)
+        if fwd is None:
+            raise NoTemplate
+        vslot = self.vslot
+        loc = [vslot[e[0].id] for e in n.args]
+        if fwd.consts:
+            del loc[fwd.n_in:]
+            loc += [self.const(*c) for c in fwd.consts]
+        k = self.n
+        steps, meta, src = self.steps, self.meta, n.src
+        for fn, ins, outs, arity, te in fwd.steps:
+            if arity >= 0:
+                steps.append((fn, tuple([loc[i] for i in ins]), k, arity))
+                loc.append(k)
+                k += 1
+            else:
+                out = tuple(range(k, k + len(outs)))
+                steps.append((fn, tuple([loc[i] for i in ins]), out, arity))
+                loc += out
+                k += len(outs)
+            meta.append((te, src, None))
+        self.n = k
+        outs = fwd.outs
+        if len(outs) == 1:
+            vslot[n.out_vars[0].id] = loc[outs[0]]
         else:
-            env.update((i, e[0]) for i, e in zip(tpl[0], n.args, strict=False))
-            for t, e in zip(tpl[1], ne, strict=True):
-                for tv, v in zip(t.outvars, e.outvars, strict=True):
-                    env[tv.id] = v
-        self.eqns.extend(ne)
-        return env
+            for v, i in zip(n.out_vars, outs, strict=True):
+                vslot[v.id] = loc[i]
+        return loc
 
-    def backward(self, n: Any, env: dict) -> None:
+    def backward(self, n: Any, loc: list) -> None:
         """Append the reverse pass of node `n` (whose outputs' gradients are complete)."""
+        vslot, terms = self.vslot, self.terms
         outs = n.out_vars
         if len(outs) == 1:
-            terms = self.terms.pop(outs[0].id, None)
-            if terms is None:
+            v = outs[0]
+            t = terms.pop(vslot[v.id], None)
+            if t is None:
                 return
-            gouts = (terms[0] if len(terms) == 1 else self._sum(outs[0], terms),)
+            loc.append(self._sum(t, v.aval))
             has_ct = (True,)
         else:
-            gouts = [self.total(v) for v in outs]
+            gouts = [self._total_slot(vslot[v.id], v.aval) for v in outs]
             if all(g is None for g in gouts):
                 return
             has_ct = tuple([g is not None for g in gouts])
-        tpl, source = n.tpl, n.src
-        needs = tuple([e[1] is not None and e[0].aval.dtype.kind == "f" for e in n.args])
-        key = (tpl[4], needs, has_ct)
-        bt = _templates.get(key)
-        if bt is None:
-            if len(_templates) > TEMPLATE_LIMIT:
-                _templates.clear()
-            bt = _templates[key] = _backward_template(tpl, needs, has_ct)
-        if bt is None:
-            raise NoTemplate
-        cts, beqns, grads, infos = bt
-        for c, g in zip(cts, gouts, strict=True):
-            if c is not None:
-                env[c.id] = g
-        shared, eqns = self.shared, self.eqns
-        wheres = self.sources.get(source)
-        if wheres is None:
-            wheres = self.sources[source] = {}
-        for e, (op, p, mm, tr) in zip(beqns, infos, strict=True):
-            ins = [a if type(a) is Lit else env[a.id] for a in e.inputs]
-            if p:   # reads forward values only: the same for every node sharing them
-                k = (id(e), *[id(a) for a in ins])
-                made = shared.get(k)
-                if made is not None:
-                    for v, o in zip(e.outvars, made, strict=True):
-                        env[v.id] = o
+            loc += [g for g in gouts if g is not None]
+        tpl, args = n.tpl, n.args
+        needs = tuple([e[1] is not None for e in args])
+        bwd = _brecipes.get((tpl[4], needs, has_ct))
+        if bwd is None:
+            bwd = _backward_recipe(tpl, _recipes.get(tpl[4]) or _forward_recipe(tpl), needs,
+                                   has_ct)
+        if bwd.consts:
+            loc += [self.const(*c) for c in bwd.consts]
+        shared, src = self.shared, n.src
+        steps, meta = self.steps, self.meta
+        k = self.n
+        for (fn, ins, outs_, arity, te), (op, kind) in zip(bwd.steps, bwd.infos):
+            ins = tuple([loc[i] for i in ins])
+            if kind:
+                if kind == PRODUCT:     # left operand: a slot or a FLIP
+                    loc.append((ins[0], ins[1], fn, te, src, op))
                     continue
-            if len(e.outvars) == 1:
-                v = e.outvars[0]
-                out = env[v.id] = Var(v.aval)
-                outs = [out]
+                key = (id(te), ins)
+                made = shared.get(key)
+                if made is not None:
+                    if arity >= 0:
+                        loc.append(made)
+                    else:
+                        loc += made
+                    continue
+                if kind == FLIP:
+                    made = shared[key] = [ins[0], fn, te, src, op, None]
+                    loc.append(made)
+                    continue
+            if arity >= 0:
+                out = k
+                k += 1
+                loc.append(out)
             else:
-                outs = []
-                for v in e.outvars:
-                    o = env[v.id] = Var(v.aval)
-                    outs.append(o)
-            if p:
-                shared[k] = outs
-            where = wheres.get(op)
-            if where is None:
-                where = wheres[op] = f"{source or '?'} (backward of {op})"
-            new = Eqn(e.op, ins, outs, e.params, where)
-            eqns.append(new)
-            if mm:
-                self.matmuls[outs[0].id] = new
-            elif tr:
-                self.transposes[outs[0].id] = new
-        terms = self.terms
-        for (var, gsrc, _), g in zip(n.args, grads, strict=True):
+                out = tuple(range(k, k + len(outs_)))
+                k += len(outs_)
+                loc += out
+            steps.append((fn, ins, out, arity))
+            meta.append((te, src, op))
+            if kind:
+                shared[key] = out
+        self.n = k
+        for (var, gsrc, _), g in zip(args, bwd.grads):
             if g is not None and gsrc is not None:
-                if type(g) is Lit:
-                    raise NoTemplate
-                g = env[g.id]
-                t = terms.get(var.id)
+                s = vslot[var.id]
+                t = terms.get(s)
                 if t is None:
-                    terms[var.id] = [g]
+                    terms[s] = [loc[g]]
                 else:
-                    t.append(g)
+                    t.append(loc[g])
 
-    def add(self, var: Var, g: Any) -> None:
-        if type(g) is Lit:
-            raise NoTemplate
-        terms = self.terms.get(var.id)
-        if terms is None:
-            self.terms[var.id] = [g]
-        else:
-            terms.append(g)
+    def _slot(self, x: Any) -> int:
+        """The slot of a contribution, emitting it if it was deferred (a PRODUCT or FLIP)."""
+        if type(x) is int:
+            return x
+        if type(x) is list:     # FLIP: [input, fn, equation, source, op, slot or None]
+            if x[5] is None:
+                x[5] = self._emit(x[1], (x[0],), x[2], x[3], x[4])
+            return x[5]
+        lhs, rhs, fn, te, src, op = x
+        return self._emit(fn, (self._slot(lhs), rhs), te, src, op)
 
-    def total(self, var: Var) -> Var | None:
-        """The sum of `var`'s gradient contributions (None if there are none). Contributions
-        made by 2-d matmuls — a weight used at every step of a loop gets `h_t^T @ g_t` per
-        step — are summed as one matmul of the concatenated operands."""
-        terms = self.terms.pop(var.id, None)
-        if terms is None:
-            return None
-        return self._sum(var, terms)
+    def total(self, i: int, aval: Aval) -> int | None:
+        """The slot of the summed gradient of input `i`, or None if nothing contributed."""
+        return self._total_slot(i, aval)
 
-    def _sum(self, var: Var, terms: list) -> Var:
-        if len(terms) > 2:
-            terms = self._merge(var, terms)
-        total = terms[0]
+    def _total_slot(self, k: int, aval: Aval) -> int | None:
+        t = self.terms.pop(k, None)
+        return None if t is None else self._sum(t, aval)
+
+    def _sum(self, terms: list, aval: Aval) -> int:
+        """Sum contributions (each of `aval`). Three or more made by 2-d matmuls — a weight
+        used at every step of a loop gets `h_t^T @ g_t` per step — are summed as one matmul
+        of the concatenated operands."""
+        if len(terms) == 1:
+            return self._slot(terms[0])
+        products = [t for t in terms if type(t) is tuple]
+        if len(products) >= 3:
+            terms = [self._merge(products)] + [t for t in terms if type(t) is not tuple]
+        total = self._slot(terms[0])
+        fn, te = _synth("add", (aval, aval))
         for t in terms[1:]:
-            s = Var(var.aval)
-            self.eqns.append(Eqn("add", [total, t], [s], {}, None))
-            total = s
+            total = self._emit(fn, (total, self._slot(t)), te, None)
         return total
 
-    def _merge(self, var: Var, terms: list) -> list:
-        made = [t for t in terms if t.id in self.matmuls]
-        if len(made) < 3 or len({id(t) for t in made}) < len(made):
-            return terms
-        mms = [self.matmuls.pop(t.id) for t in made]
-        self.merged.update(id(m) for m in mms)
-        source = mms[0].source
-        lhs = [m.inputs[0] for m in mms]
-        flips = [self.transposes.get(x.id) for x in lhs]
-        if all(f is not None for f in flips):   # [x_1^T .. x_n^T] = [x_1; ..; x_n]^T
-            self.merged.update(id(f) for f in flips)
-            stacked = self._concat([f.inputs[0] for f in flips], 0, source)
-            cat_l = Var(Aval(stacked.aval.shape[::-1], stacked.aval.dtype))
-            self.eqns.append(Eqn("transpose", [stacked], [cat_l], {"perm": (1, 0)}, source))
+    def _merge(self, products: list) -> int:
+        _, _, _, te0, source, op = products[0]
+        a_l, a_r = te0.inputs[0].aval, te0.inputs[1].aval
+        lhs = [p[0] for p in products]
+        if all(type(x) is list for x in lhs):   # [x_1^T .. x_n^T] = [x_1; ..; x_n]^T
+            stacked = self._concat([x[0] for x in lhs], 0, a_l.shape[::-1], a_l.dtype,
+                                   source, op)
+            fn, te = _synth("transpose", (self.avals[stacked],))
+            cat_l = self._emit(fn, (stacked,), te, source, op)
+            self.avals[cat_l] = te.outvars[0].aval
         else:
-            cat_l = self._concat(lhs, 1, source)
-        cat_r = self._concat([m.inputs[1] for m in mms], 0, source)
-        out = Var(var.aval)
-        self.eqns.append(Eqn("matmul", [cat_l, cat_r], [out], {}, source))
-        merged = {t.id for t in made}
-        return [out] + [t for t in terms if t.id not in merged]
+            cat_l = self._concat([self._slot(x) for x in lhs], 1, a_l.shape, a_l.dtype, source,
+                                 op)
+        cat_r = self._concat([p[1] for p in products], 0, a_r.shape, a_r.dtype, source, op)
+        fn, te = _synth("matmul", (self.avals[cat_l], self.avals[cat_r]))
+        return self._emit(fn, (cat_l, cat_r), te, source, op)
 
-    def _concat(self, xs: list, axis: int, source: str | None) -> Var:
-        key = (axis, *[id(x) for x in xs])
+    def _concat(self, xs: list, axis: int, shape: tuple, dtype: Any, source: str | None,
+                op: str | None) -> int:
+        """Concatenate slots `xs`, each of `shape`, along `axis`."""
+        key = (axis, *xs)
         out = self.concats.get(key)
         if out is None:
-            a = xs[0].aval
-            shape = list(a.shape)
-            shape[axis] = sum(x.aval.shape[axis] for x in xs)
-            out = self.concats[key] = Var(Aval(tuple(shape), a.dtype))
-            self.eqns.append(Eqn("concatenate", list(xs), [out], {"axis": axis}, source))
+            fn, te = _synth("concatenate", (Aval(tuple(shape), dtype),) * len(xs), axis)
+            out = self.concats[key] = self._emit(fn, tuple(xs), te, source, op)
+            self.avals[out] = te.outvars[0].aval
         return out
 
-    def finish(self, outs: list) -> list:
-        """The equations, without those a merge made unneeded (unless something else still
-        reads them)."""
-        merged = self.merged
-        if not merged:
-            return self.eqns
-        read = {a.id for e in self.eqns if id(e) not in merged for a in e.inputs
-                if type(a) is not Lit}
-        read.update(a.id for a in outs if type(a) is not Lit)
-        kept = {id(e) for e in self.eqns if id(e) in merged and e.outvars[0].id in read}
-        while kept:     # what a kept equation reads is kept too
-            more = {a.id for e in self.eqns if id(e) in kept for a in e.inputs
-                    if type(a) is not Lit}
-            merged = merged - kept
-            kept = {id(e) for e in self.eqns if id(e) in merged and e.outvars[0].id in more}
-        return [e for e in self.eqns if id(e) not in merged]
+    def finish(self, outs: list) -> Plan:
+        steps = self.steps
+        fresh = {out for fn, _, out, n in steps if n >= 0 and fn in _FRESH}
+        init = [None] * self.n
+        for k, c in self.consts.items():
+            init[k] = c[1]
+        p = Plan()
+        p.init = init
+        p.steps = steps
+        p.meta = self.meta
+        p.n_in = len(self.in_vars)
+        p.in_vars = self.in_vars
+        p.consts = self.consts
+        p._graph = None
+        p.outs = [(k, k in fresh and outs.index(k) == j) for j, k in enumerate(outs)]
+        return p
+
+
+def compose_graph(order: list, in_vars: list, in_gsrc: list, roots: list) -> tuple:
+    """(graph, wrt) as `compose`, differentiated as one IR graph by ir.backward_pass (for
+    nodes without templates)."""
+    b = ir.Builder("backward")
+    ins = [b.new_input(v.aval) for v in in_vars]
+    cts = [b.new_input(t._var.aval) for t in roots]
+    fwd = ir.Graph(in_vars, [e for n in order for e in n.eqns], [t._var for t in roots])
+    wrt = [i for i, g in enumerate(in_gsrc) if g is not None]
+    outs, grads = ir.backward_pass(b, fwd, ins, cts, wrt)
+    return b.build(outs + grads), wrt
+
+
+__all__ = ["NoTemplate", "Plan", "compose", "compose_graph", "instantiate", "vjp_walk"]

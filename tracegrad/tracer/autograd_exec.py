@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import ir
 from ..ir.core import Var
-from .autograd_compose import NoTemplate, compose
+from .autograd_compose import NoTemplate, Plan, compose, compose_graph
 from .autograd_graph import AccumulateGrad, Node, check_saved
 from ..config import config
 from . import executor
@@ -182,16 +182,25 @@ class CachedGraph:
     thread and switches to native code when that is ready — so a program whose graph keeps
     changing never waits on the compiler, and a hot one ends up native. An unoptimised graph
     (`optimized=False`) is interpreted as it is and optimised only when it is compiled: for a
-    graph seen a few times, optimising costs more than it saves."""
-    __slots__ = ("graph", "spent", "fn", "extra", "future", "optimized")
+    graph seen a few times, optimising costs more than it saves. A composed backward comes as
+    a Plan (see autograd_compose), interpreted as it is; its IR is written when compiled."""
+    __slots__ = ("_graph", "plan", "spent", "fn", "extra", "future", "optimized")
 
-    def __init__(self, graph: ir.Graph, extra: Any = None, optimized: bool = True):
-        self.graph = graph
+    def __init__(self, graph: ir.Graph | None, extra: Any = None, optimized: bool = True,
+                 plan: Plan | None = None):
+        self._graph = graph
+        self.plan = plan
         self.spent = 0.0
         self.fn = None
         self.extra = extra
         self.future = None
         self.optimized = optimized
+
+    @property
+    def graph(self) -> ir.Graph:
+        if self._graph is None:
+            self._graph = self.plan.graph()
+        return self._graph
 
     def __call__(self, args: list) -> list:
         fn = self.fn
@@ -204,13 +213,20 @@ class CachedGraph:
             if self.future.done():
                 self.fn = self.future.result()
                 return self.fn(args)
-            return execute_interpreted(self.graph, args)
+            return self._interpret(args)
         t0 = time.perf_counter()
-        out = execute_interpreted(self.graph, args)
+        out = self._interpret(args)
         self.spent += time.perf_counter() - t0
-        if self.spent > COMPILE_SECONDS_PER_EQN * len(self.graph.eqns):
+        n = len(self.plan.steps) if self.plan is not None else len(self.graph.eqns)
+        if self.spent > COMPILE_SECONDS_PER_EQN * n:
             self.future = _compiler().submit(self._compile)
         return out
+
+    def _interpret(self, args: list) -> list:
+        plan = self.plan
+        if plan is not None and not config.debug_nans and executor._reference.eqn_hook is None:
+            return plan(args)
+        return execute_interpreted(self.graph, args)
 
     def _compile(self) -> Any:
         return compile_graph(self.graph if self.optimized else ir.optimize(self.graph))
@@ -460,14 +476,9 @@ def _first_var_id(n: Node) -> int:
 
 def _backward_graph(w: Walk, roots: list) -> CachedGraph:
     try:
-        graph, wrt = compose(w.order, w.in_vars, w.in_gsrc, roots)
-        return CachedGraph(graph, wrt, optimized=False)
+        plan, wrt = compose(w.order, w.in_vars, w.in_gsrc, roots)
+        return CachedGraph(None, wrt, optimized=False, plan=plan)
     except NoTemplate:
         pass
-    b = ir.Builder("backward")
-    ins = [b.new_input(v.aval) for v in w.in_vars]
-    cts = [b.new_input(t._var.aval) for t in roots]
-    fwd = ir.Graph(w.in_vars, [e for n in w.order for e in n.eqns], [t._var for t in roots])
-    wrt = [i for i, g in enumerate(w.in_gsrc) if g is not None]
-    outs, grads = ir.backward_pass(b, fwd, ins, cts, wrt)
-    return CachedGraph(b.build(outs + grads), wrt, optimized=False)
+    graph, wrt = compose_graph(w.order, w.in_vars, w.in_gsrc, roots)
+    return CachedGraph(graph, wrt, optimized=False)
