@@ -254,16 +254,17 @@ def _unroll(e: Any, ins: tuple, init: list, steps: list) -> list[int]:
     n_x = n_in - n_c - n_k
     consts, carry, xs = list(ins[:n_c]), list(ins[n_c:n_c + n_k]), ins[n_c + n_k:]
     local = prog.init[n_in:]
+    body_steps = prog.steps
     ys: list[int] = []
+    add = steps.append
     for t in range(p["length"]):
         where = consts + carry + list(xs[t * n_x:(t + 1) * n_x])
-        base = len(init) - n_in
+        where.extend(range(len(init), len(init) + len(local)))
         init.extend(local)
-        where.extend(range(base + n_in, base + n_in + len(local)))
-        for fn, s_ins, s_out, n in prog.steps:
-            out = where[s_out] if n >= 0 else tuple([where[k] for k in s_out])
-            steps.append((fn, tuple([where[k] for k in s_ins]), out, n))
-        outs = [where[k] for k in prog.outs]
+        at = where.__getitem__
+        for fn, s_ins, s_out, n in body_steps:
+            add((fn, tuple(map(at, s_ins)), at(s_out) if n >= 0 else tuple(map(at, s_out)), n))
+        outs = list(map(at, prog.outs))
         carry = outs[:n_k]
         ys += outs[n_k:]
     return carry + ys

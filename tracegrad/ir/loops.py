@@ -114,7 +114,14 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
             if reps >= min_trips and p * reps >= min_eqns:
                 blocks = [order[i + k * p:i + (k + 1) * p] for k in range(reps)]
                 flow = _flow(blocks)
+                end = i + reps * p
+                if flow is not None:    # the loop's first step may have begun earlier
+                    turned = _rotate(blocks, flow, order, end, producer, key_of, uses)
+                    if turned is not None:
+                        blocks, flow, pre, end = turned
+                        sunk.update(id(e) for e in pre)
                 if flow is not None:    # move the steps' own work on their inputs in
+                    kept = [list(blk) for blk in blocks]
                     moved = _sink(flow[2], blocks, producer, key_of, uses)
                     if moved:
                         deeper = _flow(blocks)
@@ -122,10 +129,10 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
                             flow = deeper
                             sunk.update(id(e) for e in moved)
                         else:
-                            blocks = [order[i + k * p:i + (k + 1) * p] for k in range(reps)]
+                            blocks = kept
                 if flow is not None:
-                    out.append(_scan_eqn(blocks, flow, last_use, i + reps * p, key_of))
-                    i += reps * p
+                    out.append(_scan_eqn(blocks, flow, last_use, end, key_of))
+                    i = end
                     continue
                 failed[(keys[i], p)] = i + reps * p   # its tails would fail the same way
         out.append(order[i])
@@ -135,6 +142,45 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
     if sunk:
         out = [e for e in out if id(e) not in sunk]
     return Graph(graph.invars, out, graph.outvars, graph.constvars, graph.consts)
+
+
+def _rotate(blocks: list[list[Eqn]], flow: tuple, order: list[Eqn], end: int,
+            producer: dict[int, Eqn], key_of: dict[int, int], uses: dict[int, int]
+            ) -> tuple | None:
+    """The blocks of a loop found mid-step (the sort by depth can put a step's first equation,
+    `h @ W`, with the previous block) turned to begin where the step does: while the value a
+    block's last equation carries into the next is, for the first block, made by an equal
+    equation before the loop, that equation becomes the first of a first block and every
+    block gives its last equation to the next; the last one's, with the equations after the
+    loop, must then make one more whole block. Returns (blocks, flow, equations taken from
+    before the loop, end of the loop in `order`) or None."""
+    p = len(blocks[0])
+    keys = [key_of[id(e)] for e in blocks[0]]
+    pre: list[Eqn] = []
+    for r in range(1, p):
+        last = blocks[0][-1]
+        carries = flow[3]
+        inits = [carries[(p - 1, o)] for o in range(len(last.outvars)) if (p - 1, o) in carries]
+        made = producer.get(inits[0].id) if inits and type(inits[0]) is Var else None
+        if made is None or key_of.get(id(made)) != key_of[id(last)] or any(
+                uses.get(v.id, 0) != sum(1 for e in blocks[0] for a in e.inputs if a is v)
+                for v in made.outvars):
+            break
+        turned = [[made] + blocks[0][:-1]] + [[blocks[k - 1][-1]] + blocks[k][:-1]
+                                             for k in range(1, len(blocks))]
+        pre.append(made)
+        keys = keys[-1:] + keys[:-1]
+        # the last block's last r equations, left over, and those after the loop: one block?
+        more = order[end - r:end + p - r]
+        if len(more) == p and [key_of.get(id(e)) for e in more] == keys:
+            whole = _flow(turned + [more])
+            if whole is not None:
+                return turned + [more], whole, pre, end + p - r
+        flow = _flow(turned)        # turn once more?
+        if flow is None:
+            break
+        blocks = turned
+    return None
 
 
 def _sink(xs: list[list[Atom]], blocks: list[list[Eqn]], producer: dict[int, Eqn],
@@ -175,46 +221,51 @@ def _flow(blocks: list[list[Eqn]]) -> tuple | None:
     input: how the body reads it; the constants; the carries: (j, o) of the value -> its init;
     the per-step inputs, each as its value in every block)."""
     reps, p = len(blocks), len(blocks[0])
-    made0 = {v.id for e in blocks[0] for v in e.outvars}
-    if not any(type(a) is Var and a.id in made0 for e in blocks[1] for a in e.inputs):
-        return None                 # nothing carried: independent steps gain nothing
-    local: list[dict[int, tuple[int, int]]] = []
+    width = max(len(e.outvars) for e in blocks[0])
+    stride = p * width             # value o of equation j of block k is (k * p + j) * width + o
+    where: dict[int, int] = {}
+    code = 0
     for blk in blocks:
-        loc = {}
-        for j, e in enumerate(blk):
+        for e in blk:
             for o, v in enumerate(e.outvars):
-                loc[v.id] = (j, o)
-        local.append(loc)
-    loc0 = local[0]
-    inside = {vid for loc in local for vid in loc}
+                where[v.id] = code + o
+            code += width
+    first, second = blocks[0], blocks[1]
+    if not any(type(a) is Var and where.get(a.id, stride) < stride
+               for e in second for a in e.inputs):
+        return None                 # nothing carried: independent steps gain nothing
     consts: dict[int, Var] = {}
     carries: dict[tuple[int, int], Atom] = {}
     xs: list[list[Atom]] = []
     plan: list[list[tuple]] = []
+    get = where.get
     for j in range(p):
         row = []
-        for q, a0 in enumerate(blocks[0][j].inputs):
+        for q, a0 in enumerate(first[j].inputs):
             if type(a0) is Lit:
                 row.append(("lit", a0))
                 continue
-            src = loc0.get(a0.id)
-            if src is not None:          # made earlier in the same block
+            c = get(a0.id)
+            if c is not None:            # made earlier in the same block (block 0, so c < stride)
                 for k in range(1, reps):
-                    if local[k].get(blocks[k][j].inputs[q].id) != src:
+                    if get(blocks[k][j].inputs[q].id) != c + k * stride:
                         return None
-                row.append(("in", src))
+                row.append(("in", divmod(c, width)))
                 continue
-            src = loc0.get(blocks[1][j].inputs[q].id)
-            if src is not None:          # the previous block's value: a carry
+            c = get(second[j].inputs[q].id)
+            if c is not None:            # the previous block's value: a carry
+                if c >= stride:
+                    return None
                 for k in range(2, reps):
-                    if local[k - 1].get(blocks[k][j].inputs[q].id) != src:
+                    if get(blocks[k][j].inputs[q].id) != c + (k - 1) * stride:
                         return None
-                if a0.id in inside or carries.setdefault(src, a0) is not a0:
+                src = divmod(c, width)
+                if carries.setdefault(src, a0) is not a0:
                     return None
                 row.append(("carry", src))
                 continue
             atoms = [blk[j].inputs[q] for blk in blocks]
-            if any(a.id in inside for a in atoms):
+            if any(a.id in where for a in atoms):
                 return None              # read from another block
             if all(a is a0 for a in atoms):
                 consts.setdefault(a0.id, a0)
@@ -223,8 +274,6 @@ def _flow(blocks: list[list[Eqn]]) -> tuple | None:
                 row.append(("x", len(xs)))
                 xs.append(atoms)
         plan.append(row)
-    if not carries:
-        return None                 # independent steps: nothing to gain from a loop
     return plan, consts, xs, carries
 
 

@@ -67,7 +67,12 @@ def blas_for(graph: Graph) -> int:
     """How large matmuls of `graph` call BLAS: the width of its integer arguments, or 0 for
     generated loops. Asked only of graphs with a matmul: finding BLAS may import scipy.linalg
     (~0.4 s)."""
-    return blas_int_bits() if any(e.op == "matmul" for e in graph.eqns) else 0
+    return blas_int_bits() if _has_matmul(graph) else 0
+
+
+def _has_matmul(graph: Graph) -> bool:
+    return any(e.op == "matmul" or (e.op == "scan" and _has_matmul(e.params["body"]))
+               for e in graph.eqns)
 
 
 def cache_key(graph: Graph) -> str:
