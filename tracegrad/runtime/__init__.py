@@ -1,6 +1,7 @@
 """Native execution: target machine, LLJIT, compile cache (memory + disk), the native call."""
 from . import stats
-from .cache import cache_dir, clear_memory_cache, compile_graph, find_compiled, run_graph
+from .cache import (cache_dir, clear_memory_cache, compile_graph, find_compiled,
+                    may_have_compiled, run_graph)
 from .executable import Executable
 from .pool import num_threads, set_num_threads
 
@@ -14,7 +15,7 @@ def _register() -> None:
         from ..tracer import executor
     except ImportError:   # the tracer is optional for the runtime
         return
-    executor.set_backend(compile_graph, run_graph, find_compiled)
+    executor.set_backend(compile_graph, run_graph, find_compiled, may_have_compiled)
 
 
 _register()

@@ -149,6 +149,20 @@ def compile_graph(graph: Graph) -> Executable:
     return exe
 
 
+def may_have_compiled() -> bool:
+    """False when no lookup can hit: nothing compiled in this process and no entry on disk
+    (a cold cache), so a caller can skip hashing a graph to look it up."""
+    if _memory.items:
+        return True
+    if not disk_enabled():
+        return False
+    try:
+        with os.scandir(cache_dir()) as entries:
+            return any(e.is_dir() for e in entries)
+    except OSError:
+        return False
+
+
 def find_compiled(graph: Graph) -> Executable | None:
     """`graph`'s code if this process or the disk cache already has it; never compiles."""
     key = cache_key(graph)

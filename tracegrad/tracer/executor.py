@@ -33,11 +33,13 @@ MAX_HEAT_ENTRIES = 4096
 
 
 def set_backend(compile_fn: Callable, run_fn: Callable,
-                lookup_fn: Callable | None = None) -> None:
+                lookup_fn: Callable | None = None, may_hit_fn: Callable | None = None) -> None:
     _backend["compile"] = compile_fn
     _backend["run"] = run_fn
     if lookup_fn is not None:
         _backend["lookup"] = lookup_fn
+    if may_hit_fn is not None:
+        _backend["may_hit"] = may_hit_fn
 
 
 def _interpret(graph: ir.Graph, args: Sequence[Any]) -> list[np.ndarray]:
@@ -65,6 +67,12 @@ def compile_estimate(graph: ir.Graph) -> float:
     return _cost["per_eqn"] * max(unrolled_size(graph), 1)
 
 
+def _may_hit() -> bool:
+    """Whether a compile-cache lookup can find anything (a cold cache never hits)."""
+    may_hit = _backend.get("may_hit")
+    return may_hit is None or may_hit()
+
+
 def _tiered(graph: ir.Graph) -> bool:
     return config.tiering and "lookup" in _backend
 
@@ -76,7 +84,7 @@ def execute(graph: ir.Graph, args: Sequence[Any]) -> list[np.ndarray]:
         return _interpret(graph, args)
     if not _tiered(graph):
         return _backend["run"](graph, list(args))
-    exe = _backend["lookup"](graph)
+    exe = _backend["lookup"](graph) if _may_hit() else None
     if exe is not None:
         return exe(list(args))
     key = ir.structural_hash(graph)
@@ -111,7 +119,8 @@ class Tiered:
         self.spent = 0.0
         self.optimized = optimized
         self.native = None
-        if optimized or _lookups["hits"] or _lookups["misses"] < LOOKUP_TRIES:
+        if (optimized or _lookups["hits"] or _lookups["misses"] < LOOKUP_TRIES) and \
+                _may_hit():
             self.native = _backend["lookup"](self.optimized_graph)
             _lookups["hits" if self.native is not None else "misses"] += 1
 
