@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from . import emit as E
 from .builder import Builder, Traced
-from .core import Atom, Eqn, Graph, Lit, Var, is_float, remember
+from .core import Atom, Aval, Eqn, Graph, Lit, Var, is_float, remember
 from .passes import _frozen_params
 
 # ---- rolling -----------------------------------------------------------------------------------
@@ -579,13 +579,23 @@ def _emit_scan(b: Builder, atoms: list, params: dict) -> list[Traced]:
     return [Traced(b, v) for v in outs]
 
 
+_AXIS = ({"axis": 0}, {"axis": 1})     # shared params: the memos keyed by them hit
+
+
 def _side_by_side(parts: list, axis: int, transposed: bool) -> Any:
-    """The 2-d `parts` concatenated along `axis`; when `transposed`, the parts are the
-    transposes of those to concatenate."""
-    if transposed:
-        whole = E.concatenate(parts, 1 - axis) if len(parts) > 1 else parts[0]
-        return E.transpose(whole, (1, 0))
-    return E.concatenate(parts, axis) if len(parts) > 1 else parts[0]
+    """The 2-d `parts` (per-step values of one body output: one type) concatenated along
+    `axis`; when `transposed`, the parts are the transposes of those to concatenate."""
+    along = 1 - axis if transposed else axis
+    whole = parts[0]
+    if len(parts) > 1:
+        b, a0 = whole.builder, whole.aval
+        shape = list(a0.shape)
+        shape[along] *= len(parts)
+        v = Var(Aval(tuple(shape), a0.dtype))
+        b.eqns.append(Eqn("concatenate", [t.atom for t in parts], [v], _AXIS[along],
+                          b.source_override))
+        whole = Traced(b, v)
+    return E.transpose(whole, (1, 0)) if transposed else whole
 
 
 def _forward_with_residuals(b: Builder, lin: _Linear, ins: Sequence[Traced], out: list,
