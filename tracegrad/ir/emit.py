@@ -220,8 +220,10 @@ def convert(x: Any, dtype: Any) -> Any:
 
 def _reduce(op: str):
     def f(x: Any, axes: Sequence[int]) -> Any:
-        x = asdtype(x, dtype_of(x))
         axes = tuple(sorted(axes))
+        if type(x) is Traced:
+            return bind_traced(op, x, params={"axes": axes}) if axes else x
+        x = asdtype(x, dtype_of(x))
         if not axes:
             return x
         return bind(op, x, axes=axes)

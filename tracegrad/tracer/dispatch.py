@@ -31,11 +31,21 @@ def _find_tensor(args: Any) -> type | None:
     return None
 
 
-def op(name: str) -> Callable[[Callable], Callable]:
-    """Mark a `tg` function; `name` is its PyTorch backward name stem (e.g. "Add")."""
+def op(name: str, traced: Callable | None = None) -> Callable[[Callable], Callable]:
+    """Mark a `tg` function; `name` is its PyTorch backward name stem (e.g. "Add").
+    `traced`: what to call instead when every argument is a traced value (it needs none of
+    the function's conversions), e.g. the IR-level op."""
     def wrap(fn: Callable) -> Callable:
+        fast = fn if traced is None else traced
+
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
+            for a in args:
+                if type(a) is not Traced:
+                    break
+            else:
+                if not kwargs:
+                    return fast(*args)
             if _tensor_types:
                 plain = _PLAIN
                 for a in args:

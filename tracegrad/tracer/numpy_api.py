@@ -76,15 +76,15 @@ def _keep(x: Any, out: Any, axes: tuple[int, ...], keepdims: bool) -> Any:
 # ---- elementwise -------------------------------------------------------------------------------
 
 def _unary(fn, name):
-    @op(name)
+    @op(name, traced=fn)
     def f(x: Any) -> Any:
-        return fn(x if type(x) is Traced else _arr(x))
+        return fn(_arr(x))
     f.__name__ = fn.__name__
     return f
 
 
 def _binary(fn, name):
-    @op(name)
+    @op(name, traced=fn)
     def f(x: Any, y: Any) -> Any:
         return fn(x if isinstance(x, (bool, int, float)) else _arr(x),
                   y if isinstance(y, (bool, int, float)) else _arr(y))
@@ -188,7 +188,7 @@ cast = astype
 def sum(x: Any, axis: Any = None, keepdims: bool = False, **kw: Any) -> Any:  # noqa: A001
     axis, keepdims = _axis_kw(axis, kw), kw.pop("keepdim", keepdims)
     x = _arr(x)
-    if E.dtype_of(x) == bool_:
+    if E.dtype_of(x).kind == "b":
         x = E.convert(x, int64)
     axes = _axes(x, axis)
     return _keep(x, E.reduce_sum(x, axes), axes, keepdims)
@@ -374,7 +374,8 @@ def take(x: Any, indices: Any, axis: int | None = None) -> Any:
 
 @op("Mm")
 def matmul(a: Any, b: Any) -> Any:
-    if type(a) is Traced and type(b) is Traced and 0 < a.ndim <= 2 and 0 < b.ndim <= 2:
+    if (type(a) is Traced and type(b) is Traced and 0 < len(a.atom.aval.shape) <= 2
+            and 0 < len(b.atom.aval.shape) <= 2):
         return E.matmul(a, b)       # the common case: no batch dimensions to broadcast
     a, b = _arr(a), _arr(b)
     sa, sb = E.shape_of(a), E.shape_of(b)

@@ -9,7 +9,7 @@ import numpy as np
 from .. import ir
 from ..ir.builder import Builder, Traced, current_builder
 from ..ir.core import remember
-from .pytree import TreeDef, tree_flatten, tree_unflatten
+from .pytree import LEAF, TreeDef, tree_flatten, tree_unflatten
 
 _LEAF_TYPES = (np.ndarray, np.generic, bool, int, float, Traced)
 _WEAK_TYPES = (bool, int, float)
@@ -67,7 +67,12 @@ def trace(fn: Callable, args: Sequence[Any], static_argnums: Sequence[int] = (),
         dyn = [a for i, a in enumerate(args) if i not in static]
     else:
         static, dyn = (), args
-    raw, in_tree = tree_flatten(tuple(dyn))
+    for a in dyn:
+        if type(a) is not np.ndarray and type(a) is not Traced:
+            raw, in_tree = tree_flatten(tuple(dyn))
+            break
+    else:           # arrays only (the common call): each argument is its own leaf
+        raw, in_tree = list(dyn), None
     leaves = [leaf_value(x, f"argument leaf {i}") for i, x in enumerate(raw)]
     b = Builder(getattr(fn, "__name__", "fn"))
     b.optimized_later = optimized_later
@@ -76,7 +81,7 @@ def trace(fn: Callable, args: Sequence[Any], static_argnums: Sequence[int] = (),
     for t, r in zip(inputs, raw):
         if isinstance(r, _WEAK_TYPES) and not isinstance(r, np.generic):
             b.weak_inputs.add(t.atom.id)
-    dyn_args = tree_unflatten(in_tree, inputs)
+    dyn_args = inputs if in_tree is None else tree_unflatten(in_tree, inputs)
     if static:
         it = iter(dyn_args)
         call_args = [a if i in static else next(it) for i, a in enumerate(args)]
@@ -84,7 +89,7 @@ def trace(fn: Callable, args: Sequence[Any], static_argnums: Sequence[int] = (),
         call_args = dyn_args
     with b.active():
         out = fn(*call_args)
-        out_leaves, out_tree = tree_flatten(out)
+        out_leaves, out_tree = ([out], LEAF) if type(out) is Traced else tree_flatten(out)
         out_leaves = [leaf_value(x, f"output leaf {i}") for i, x in enumerate(out_leaves)]
     graph = b.build(out_leaves)
     return Traced_fn(graph, list(b.captured), out_tree), leaves
