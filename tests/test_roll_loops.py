@@ -245,3 +245,64 @@ def test_roll_is_cheap_to_skip_for_small_graphs():
     a = rand(3)
     g = _graph(lambda a: tg.sum(tg.sin(a) * a), a)
     assert loops.roll_loops(g) is g
+
+
+_UNARY = [tg.sin, tg.tanh, lambda x: x * x, lambda x: tg.exp(-x * x), lambda x: -x,
+          lambda x: x * 0.5 + 1.0]
+_BINARY = [lambda a, b: a + b, lambda a, b: a * b, lambda a, b: a - b, tg.maximum]
+
+
+def _random_loop(seed):
+    """A loop with 1-3 carried values updated by random ops, sometimes an inner loop (two
+    chains of different periods), per-step inputs, a matmul, per-step outputs kept."""
+    r = np.random.default_rng(seed)
+    T, n_carry = int(r.integers(2, 9)), int(r.integers(1, 4))
+    inner = int(r.integers(1, 3)) if r.random() < 0.3 else 0
+    prog = [tuple(int(r.integers(0, m)) for m in (3, len(_UNARY), len(_BINARY), n_carry,
+                                                  n_carry, 3))
+            for _ in range(int(r.integers(1, 6)))]
+    collect, use_x, use_mm = r.random() < 0.5, r.random() < 0.6, r.random() < 0.5
+
+    def f(W, X, c0):
+        cs = [c0 * (k + 1) for k in range(n_carry)]
+        outs = []
+        for t in range(T):
+            for kind, u, bi, i, j, extra in prog:
+                a, b = cs[i], cs[j]
+                if kind == 0:
+                    v = _UNARY[u](a)
+                elif kind == 1:
+                    v = _BINARY[bi](a, b)
+                else:
+                    v = _BINARY[bi](_UNARY[u](a), X[t] if use_x else W[0])
+                if use_mm and extra == 0:
+                    v = tg.tanh(v @ W)
+                cs[i] = v
+                for _ in range(inner):
+                    cs[j] = tg.sin(cs[j]) * 0.9
+            if collect:
+                outs.append(cs[0])
+        total = sum(tg.sum(c * c) for c in cs)
+        return total + tg.sum(tg.stack(outs) * 0.3) if collect else total
+    return f
+
+
+@pytest.mark.parametrize("seed", [*range(0, 60, 3), 124, 225])  # 124, 225: two loops
+def test_random_loops_roll_and_differentiate_like_unrolled(seed, unrolled):
+    f = _random_loop(seed)
+    rng = np.random.default_rng(seed)
+    W, X, c0 = rng.standard_normal((3, 3)) / 3, rng.standard_normal((10, 2, 3)) / 2, \
+        rng.standard_normal((2, 3)) / 2
+    g = _graph(f, W, X, c0)
+    r = ir.roll_loops(g)
+    ir.verify(r)
+    np.testing.assert_allclose(ir.interpret(r, [W, X, c0])[0], ir.interpret(g, [W, X, c0])[0],
+                               rtol=1e-12, equal_nan=True)
+
+    def hvp(W, X, c0):
+        return tg.sum(tg.grad(f)(W, X, c0) ** 2)
+    want = tg.grad(f, argnums=(0, 1, 2))(W, X, c0), tg.grad(hvp)(W, X, c0)
+    tg.config.roll_loops = True
+    got = tg.grad(f, argnums=(0, 1, 2))(W, X, c0), tg.grad(hvp)(W, X, c0)
+    for a, b in zip(got[0] + (got[1],), want[0] + (want[1],)):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11, equal_nan=True)

@@ -132,6 +132,10 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
                             blocks = kept
                 if flow is not None:
                     out.append(_scan_eqn(blocks, flow, last_use, end, key_of))
+                    for blk in blocks:   # now inside a scan: never moved into another
+                        for e in blk:
+                            for v in e.outvars:
+                                producer.pop(v.id, None)
                     i = end
                     continue
                 failed[(keys[i], p)] = i + reps * p   # its tails would fail the same way
