@@ -13,7 +13,7 @@ from ..ir.builder import Traced
 from ..ir.core import is_float
 from .autograd_compose import vjp_walk
 from .autograd_exec import fast_backward, realize
-from .autograd_graph import AccumulateGrad, Node, check_saved, hook_name
+from .autograd_graph import AccumulateGrad, Inplace, Node, check_saved, hook_name
 from .grad_mode import mode
 from .tensor import Tensor, record
 
@@ -27,6 +27,20 @@ def _as_tensor(g: Any) -> Tensor:
         return g
     from .tensor_factories import tensor
     return tensor(g)
+
+
+_ONES: dict = {}     # aval -> the (read-only) gradient `backward()` implies for a scalar
+
+
+def _implicit_grad(aval: Any) -> np.ndarray | None:
+    """The ones `loss.backward()` starts from, or None if `loss` is not a float scalar."""
+    ones = _ONES.get(aval)
+    if ones is None:
+        if aval.size != 1 or not is_float(aval.dtype):
+            return None
+        ones = _ONES[aval] = np.ones(aval.shape, aval.dtype)
+        ones.flags.writeable = False
+    return ones
 
 
 def _roots(tensors: Any, grads: Any) -> tuple[list[Tensor], list[Tensor]]:
@@ -66,6 +80,11 @@ def _roots(tensors: Any, grads: Any) -> tuple[list[Tensor], list[Tensor]]:
 def backward(tensors: Any, grad_tensors: Any = None, retain_graph: bool | None = None,
              create_graph: bool = False, inputs: Any = None) -> None:
     """Accumulate the gradients of `tensors` (weighted by `grad_tensors`) into leaves."""
+    if grad_tensors is None and not create_graph and inputs is None and \
+            type(tensors) is Tensor and type(tensors._fn) is Node:
+        ones = _implicit_grad(tensors._var.aval)
+        if ones is not None and fast_backward([tensors], [ones], bool(retain_graph)):
+            return      # the common `loss.backward()`
     roots, grads = _roots(tensors, grad_tensors)
     if inputs is not None:
         inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
@@ -155,7 +174,7 @@ class Engine:
 
     def run(self) -> None:
         if not self.create and self.inputs is None and fast_backward(
-                self.roots, self.grads, self.retain):
+                self.roots, [g._val() for g in self.grads], self.retain):
             return
         starts = [t._gsrc() for t in self.roots]
         deps, nodes = self._discover(starts)
@@ -280,7 +299,7 @@ class Engine:
                 else:
                     s = old + g
                     old._var, old._value, old._node = s._var, s._value, s._node
-                    old._vc[0] += 1
+                    Inplace.bump(old._vc)
                     new.append(old)
         finally:
             mode.grad = saved_mode

@@ -14,7 +14,7 @@ import numpy as np
 from .. import ir
 from ..ir.core import Var
 from .autograd_compose import NoTemplate, Plan, compose, compose_graph
-from .autograd_graph import AccumulateGrad, Node, check_saved
+from .autograd_graph import AccumulateGrad, Inplace, Node, check_saved
 from ..config import config
 from . import executor
 from .executor import compile_graph
@@ -340,50 +340,66 @@ def release(node: Node) -> None:
 def fast_backward(roots: list, grads: list, retain: bool) -> bool:
     """`backward()` as one graph — forward and backward of everything from the leaves to the
     roots — when no hook, retain_grad, Function or unpack hook needs a node-by-node walk.
-    Returns False (having changed nothing) when the graph needs the general engine."""
-    from .tensor import assign_
-    if not all(isinstance(t._fn, Node) for t in roots):
-        return False
+    `grads`: the roots' cotangents, as arrays. Returns False (having changed nothing) when
+    the graph needs the general engine."""
+    fns = [t._fn for t in roots]
+    for n in fns:
+        if type(n) is not Node:
+            return False
     try:
-        w = grad_walk([t._fn for t in roots])
+        w = grad_walk(fns)
         if w is None:
-            w = walk([t._fn for t in roots], grad=True)
+            w = walk(fns, grad=True)
             if w.pending:   # compute pending leaf values (optimizer updates) first
                 realize_vars(w.pending)
-                w = walk([t._fn for t in roots], grad=True)
+                w = walk(fns, grad=True)
             if w.forced:
                 return False
             for n in w.order:
                 if n.grad:
                     check_saved(n)
+            if w.key is not None:
+                w.key.append(tuple([g is not None for g in w.in_gsrc]))
     except Bail:
         return False
-    outs = [(w.index[id(t._fn)], _out_index(t._fn, t._var)) for t in roots]
-    key = None
-    if w.key is not None:
-        key = (tuple(w.key), tuple(outs), tuple(g is not None for g in w.in_gsrc))
-    entry = _grad_graphs.get(key) if key is not None else None
+    key = w.key
+    if key is not None:
+        index = w.index
+        for t in roots:
+            n = t._fn
+            pos = 0 if n.out_vars[0] is t._var else _out_index(n, t._var)
+            key.append(-1 - (index[id(n)] << 16 | pos))
+        key = tuple(key)
+        entry = _grad_graphs.get(key)
+    else:
+        entry = None
     if entry is None:
         entry = _backward_graph(w, roots)
         if key is not None:
             _grad_graphs.put(key, entry)
-    wrt = entry.extra
-    vals = entry(w.in_vals + [g._val() for g in grads])
-    for t, v in zip(roots, vals[:len(roots)], strict=True):
+    vals = entry(w.in_vals + grads)
+    for t, v in zip(roots, vals, strict=False):
         n = t._fn
         if n.values is None:
-            n.values = {}
-        n.values[t._var.id] = v
+            n.values = {t._var.id: v}
+        else:
+            n.values[t._var.id] = v
         t._value = v
-    sums: dict[int, list] = {}
-    for slot, g in zip(wrt, vals[len(roots):], strict=True):
-        leaf = w.in_gsrc[slot].variable
-        prev = sums.get(id(leaf))
-        sums[id(leaf)] = [leaf, g if prev is None else prev[1] + g]
-    for leaf, g in sums.values():
-        old = leaf._get("grad")
+    if Tensor is None:
+        _bind_tensor()
+    in_gsrc = w.in_gsrc
+    leaves = [in_gsrc[slot].variable for slot in entry.extra]
+    gs = vals[len(roots):]
+    if len(leaves) > 1 and len({id(leaf) for leaf in leaves}) < len(leaves):
+        sums: dict[int, list] = {}      # a leaf read through two variables: one sum
+        for leaf, g in zip(leaves, gs, strict=True):
+            prev = sums.get(id(leaf))
+            sums[id(leaf)] = [leaf, g if prev is None else prev[1] + g]
+        leaves, gs = [s[0] for s in sums.values()], [s[1] for s in sums.values()]
+    for leaf, g in zip(leaves, gs, strict=True):
+        x = leaf._x
+        old = x.get("grad") if x is not None else None
         if old is None:
-            from .tensor import Tensor
             leaf._extra()["grad"] = Tensor._leaf(g)
         else:
             assign_(old, old._val() + g)
@@ -394,6 +410,17 @@ def fast_backward(roots: list, grads: list, retain: bool) -> bool:
     return True
 
 
+# In a walk's key, an input's first reference is its slot, with this bit if it needs a gradient.
+_WRT = 1 << 48
+Tensor: Any = None     # tensor.Tensor and tensor.assign_ (tensor imports this module)
+assign_: Any = None
+
+
+def _bind_tensor() -> None:
+    global Tensor, assign_
+    from .tensor import Tensor, assign_
+
+
 def grad_walk(roots: list[Node]) -> Walk | None:
     """`walk(roots, grad=True)` for the common case — every node has a signature, nothing
     is pending or recomputed — in two flat loops: collect the nodes, then visit them in
@@ -401,13 +428,14 @@ def grad_walk(roots: list[Node]) -> Walk | None:
     None when the general walk is needed."""
     nodes = list(roots)
     seen = {id(n) for n in roots}
+    add = seen.add
     for n in nodes:     # grows while iterating
-        if n.sig is None or not n.out_vars:
+        if n.sig is None or n.x is not None and not _plain_extras(n):
             return None
         for var, gsrc, vsrc in n.args:
             if type(gsrc) is Node:
                 if id(gsrc) not in seen:
-                    seen.add(id(gsrc))
+                    add(id(gsrc))
                     nodes.append(gsrc)
             elif gsrc is None and type(vsrc) is Node and _cached(vsrc, var) is None:
                 return None     # a value computed without grad: the general walk decides
@@ -417,57 +445,57 @@ def grad_walk(roots: list[Node]) -> Walk | None:
     in_vars, in_vals, in_gsrc = w.in_vars, w.in_vals, w.in_gsrc
     index = w.index
     key = w.key
-    order = w.order
-    for n in nodes:
-        if n.tensor_hooks or n.retains or n.pre_hooks or n.post_hooks or n.leaf_chain \
-                or n.fn_ctx is not None and type(n.fn_ctx) is not dict:
-            return None
+    epoch = Inplace.epoch
+    for i, n in enumerate(nodes):
         key.append(n.sig)
         for var, gsrc, vsrc in n.args:
             if type(gsrc) is Node:
                 sub = index[id(gsrc)]
-                pos = 0 if gsrc.out_vars[0] is var else _out_index(gsrc, var)
+                outs = gsrc.out_vars
+                pos = 0 if outs[0] is var else _out_index(gsrc, var)
                 if pos < 0 or not gsrc.grad:
                     raise Bail
                 key.append(-1 - (sub << 16 | pos) if pos < 65536 else (sub, pos))
                 continue
             k = slots.get(var.id)
-            if gsrc is None:
-                if k is not None and in_gsrc[k] is not None or type(vsrc) is Node and \
-                        vsrc.grad and id(vsrc) in index:
-                    raise Bail    # a no-grad use of a differentiable value
-                if k is None:
-                    k = slots[var.id] = len(in_vars)
-                    in_vars.append(var)
-                    in_vals.append(vsrc if type(vsrc) is not Node else _cached(vsrc, var))
-                    in_gsrc.append(None)
-            elif k is None:
-                if type(gsrc) is not AccumulateGrad or gsrc.post_hooks or \
+            if k is None:
+                if gsrc is None:
+                    if type(vsrc) is Node:
+                        if vsrc.grad and id(vsrc) in index:
+                            raise Bail    # a no-grad use of a differentiable value
+                        vsrc = _cached(vsrc, var)
+                elif type(gsrc) is not AccumulateGrad or gsrc.post_hooks or \
                         gsrc.variable._get("hooks"):
                     return None
-                val = vsrc if type(vsrc) is not Node else _cached(vsrc, var)
-                if val is None:
-                    return None     # a pending leaf value
+                elif type(vsrc) is Node:
+                    vsrc = _cached(vsrc, var)
+                    if vsrc is None:
+                        return None     # a pending leaf value
                 k = slots[var.id] = len(in_vars)
                 in_vars.append(var)
-                in_vals.append(val)
+                in_vals.append(vsrc)
                 in_gsrc.append(gsrc)
+                key.append(k if gsrc is None else k | _WRT)
+                continue
+            if gsrc is None and in_gsrc[k] is not None:
+                raise Bail    # a no-grad use of a differentiable value
             key.append(k)
-        index[id(n)] = len(order)
-        order.append(n)
+        index[id(n)] = i
         if n.grad:
+            if n._saved and (n.freed or n.epoch != epoch):
+                check_saved(n)      # raises if a saved tensor was freed or changed
             if not (n._eqns if n._eqns is not None else n.tpl[1]):
                 return None
-            saved = n.saved
-            if saved:
-                if n.freed:
-                    check_saved(n)      # raises
-                for sv in saved:
-                    if sv.unpack is not None:
-                        return None
-                    if sv.vc[0] != sv.version:
-                        check_saved(n)      # raises
+    w.order = nodes
     return w
+
+
+def _plain_extras(n: Node) -> bool:
+    """Whether what a node has beyond the common case (see autograd_graph._Extras) leaves
+    it to the one-graph backward: a Function context kept as a dict (pow's exponent)."""
+    x = n.x
+    return not (x.pre_hooks or x.post_hooks or x.tensor_hooks or x.retains or x.leaf_chain
+                or x.hooked or x.fn_ctx is not None and type(x.fn_ctx) is not dict)
 
 
 def _first_var_id(n: Node) -> int:

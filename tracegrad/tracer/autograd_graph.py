@@ -78,13 +78,15 @@ class SavedTensor:
             self.packed = pack(tensor if tensor is not None else self.materialize(node))
 
     @staticmethod
-    def plain(tensor: Any, var: Var, vc: list, slot: int | str) -> SavedTensor:
-        """A SavedTensor made without `saved_tensors_hooks` (`tensor` None for a result)."""
+    def plain(tensor: Any, var: Var, vc: list, slot: int | str,
+              version: int | None = None) -> SavedTensor:
+        """A SavedTensor made without `saved_tensors_hooks` (`tensor` None for a result),
+        of the tensor at `version` (by default, its current one)."""
         s = _new(SavedTensor)
         s.tensor = tensor
         s.var = var
         s.vc = vc
-        s.version = vc[0]
+        s.version = vc[0] if version is None else version
         s.slot = slot
         s.is_output = tensor is None
         s.packed = s.unpack = None
@@ -106,11 +108,50 @@ class SavedTensor:
         return self.materialize(node)
 
 
+class _Extras:
+    """What few nodes have: hooks, retained gradients, a Function context, a leaf chain,
+    values saved through saved_tensors_hooks."""
+    __slots__ = ("pre_hooks", "post_hooks", "tensor_hooks", "retains", "fn_ctx", "leaf_chain",
+                 "hooked")
+
+    def __init__(self) -> None:
+        self.pre_hooks: dict | None = None
+        self.post_hooks: dict | None = None
+        self.tensor_hooks: dict | None = None   # var id -> {handle id: fn}
+        self.retains: dict | None = None        # var id -> Tensor (retain_grad)
+        self.fn_ctx: Any = None                 # autograd.Function context
+        self.leaf_chain = 0                     # > 0: computes a leaf's value updated in place
+        self.hooked = False                     # some saved value has an unpack hook
+
+
+def _extra(name: str, default: Any) -> property:
+    def get(self: Node) -> Any:
+        x = self.x
+        return default if x is None else getattr(x, name)
+
+    def set(self: Node, value: Any) -> None:
+        if self.x is None:
+            self.x = _Extras()
+        setattr(self.x, name, value)
+    return property(get, set)
+
+
+class Inplace:
+    """Counts in-place changes to any tensor (`bump`). A node records the count when it is
+    recorded; if it is still the same at backward, no tensor it saved can have changed, and
+    the per-tensor version checks are skipped."""
+    epoch = 0
+
+    @staticmethod
+    def bump(vc: list) -> None:
+        vc[0] += 1
+        Inplace.epoch += 1
+
+
 class Node:
     """One recorded Tensor op. When it requires grad it is the `grad_fn` of its outputs."""
     __slots__ = ("_eqns", "tpl", "src", "args", "out_vars", "values", "name_", "grad",
-                 "saved", "freed", "pre_hooks", "post_hooks", "tensor_hooks", "retains",
-                 "fn_ctx", "leaf_chain", "sig", "__weakref__")
+                 "_saved", "freed", "sig", "epoch", "x", "__weakref__")
 
     def __init__(self, eqns: list | None, args: list, out_vars: list, grad: bool,
                  name: str = "", tpl: tuple | None = None, src: str | None = None):
@@ -122,15 +163,33 @@ class Node:
         self.grad = grad
         self.name_ = name
         self.values: dict[int, Any] | None = None   # var id -> computed value
-        self.saved: list[SavedTensor] | None = None
+        self._saved: Any = None     # list of SavedTensor, or of their fields (see saved)
         self.freed = False
-        self.pre_hooks: dict | None = None
-        self.post_hooks: dict | None = None
-        self.tensor_hooks: dict | None = None   # var id -> {handle id: fn}
-        self.retains: dict | None = None        # var id -> Tensor (retain_grad)
-        self.fn_ctx: Any = None                 # autograd.Function context
-        self.leaf_chain = 0                     # > 0: computes a leaf's value updated in place
         self.sig: int | None = None             # what determines the IR (tensor_record.record)
+        self.epoch = Inplace.epoch
+        self.x: _Extras | None = None
+
+    @property
+    def saved(self) -> list[SavedTensor] | None:
+        """What the op's backward reads. Recording keeps them as plain tuples (see
+        tensor_record._save); they become SavedTensors when first asked for."""
+        raw = self._saved
+        if type(raw) is tuple and raw:
+            raw = self._saved = [SavedTensor.plain(t, var, vc, slot, version)
+                                 for t, var, vc, version, slot in raw]
+        return raw
+
+    @saved.setter
+    def saved(self, saved: list[SavedTensor] | None) -> None:
+        self._saved = saved
+
+    pre_hooks = _extra("pre_hooks", None)
+    post_hooks = _extra("post_hooks", None)
+    tensor_hooks = _extra("tensor_hooks", None)
+    retains = _extra("retains", None)
+    fn_ctx = _extra("fn_ctx", None)
+    leaf_chain = _extra("leaf_chain", 0)
+    hooked = _extra("hooked", False)
 
     @property
     def eqns(self) -> list:

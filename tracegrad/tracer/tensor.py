@@ -13,13 +13,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..ir.core import Aval, Var, is_float
+from ..ir.core import Aval, Var, is_float, remember
 from . import dispatch
 from .autograd_exec import realize
-from .autograd_graph import AccumulateGrad, Node
+from .autograd_graph import AccumulateGrad, Inplace, Node
 from .grad_mode import mode
 
 _new = object.__new__
+_AVALS: dict = {}    # (shape, dtype) -> Aval, for leaves (making an Aval hashes it)
 
 NON_LEAF_GRAD_WARNING = (
     "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its .grad "
@@ -46,7 +47,11 @@ class Tensor:
     @staticmethod
     def _leaf(value: np.ndarray, requires_grad: bool = False) -> Tensor:
         t = _new(Tensor)
-        t._var = Var(Aval(value.shape, value.dtype))
+        key = (value.shape, value.dtype)
+        aval = _AVALS.get(key)
+        if aval is None:
+            aval = remember(_AVALS, key, Aval(*key))
+        t._var = Var(aval)
         t._value = value
         t._node = None
         t._fn = None
@@ -115,7 +120,13 @@ class Tensor:
 
     @classmethod
     def __tg_function__(cls, fn: Callable, name: str, args: tuple, kwargs: dict) -> Any:
-        return record(getattr(fn, "raw", fn), name, args, kwargs)
+        fn = getattr(fn, "raw", fn)
+        if not kwargs:
+            if len(args) == 1 and type(args[0]) is Tensor:
+                return record_unary(fn, name, args[0], 3)
+            if len(args) == 2:
+                return record_binary(fn, name, args[0], args[1], 3)
+        return record(fn, name, args, kwargs)
 
     # -- autograd attributes
     @property
@@ -319,7 +330,7 @@ class Tensor:
         return (tensor, (self._val(), None, self._rg))
 
 
-from .tensor_record import record  # noqa: E402  (it records Tensors: defined above)
+from .tensor_record import record, record_binary, record_unary  # noqa: E402, I001
 
 dispatch.register_tensor_type(Tensor)
 
@@ -338,5 +349,5 @@ def assign_(t: Tensor, value: Any) -> Tensor:
                          f"{t.shape}")
     t._var = Var(Aval(arr.shape, arr.dtype))
     t._value, t._node = arr, None
-    t._vc[0] += 1
+    Inplace.bump(t._vc)
     return t

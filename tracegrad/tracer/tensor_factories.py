@@ -9,6 +9,7 @@ import numpy as np
 
 from ..ir import emit as E
 from ..ir.builder import Traced, current_builder
+from ..ir.builder import _state
 from ..ir.core import is_float
 from . import numpy_api as tnp
 from .random import next_seed, numpy_rng
@@ -75,10 +76,20 @@ def full(shape: Sequence[int], fill_value: Any, dtype: Any = None,
 
 
 def zeros(*shape: Any, dtype: Any = None, requires_grad: bool = False) -> Any:
+    if dtype is None and not requires_grad and not _state.stack:
+        try:
+            return Tensor._leaf(np.zeros(shape, float32))     # zeros(2, 3), zeros((2, 3))
+        except TypeError:
+            pass
     return full(_shape(shape), 0, dtype or float32, requires_grad)
 
 
 def ones(*shape: Any, dtype: Any = None, requires_grad: bool = False) -> Any:
+    if dtype is None and not requires_grad and not _state.stack:
+        try:
+            return Tensor._leaf(np.ones(shape, float32))
+        except TypeError:
+            pass
     return full(_shape(shape), 1, dtype or float32, requires_grad)
 
 

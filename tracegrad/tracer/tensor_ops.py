@@ -10,11 +10,12 @@ import numpy as np
 from ..ir import emit as E
 from . import numpy_api as tnp
 from .autograd_exec import realize
-from .autograd_graph import MAX_LEAF_CHAIN, Node
+from .autograd_graph import MAX_LEAF_CHAIN, Inplace, Node
 from .grad_mode import mode
 from .indexing import _expand as expand_index
 from .indexing import getitem
 from .tensor import Tensor, record
+from .tensor_record import record_binary, record_unary
 
 _DTYPES = {"float": np.float32, "double": np.float64, "half": np.float16, "int": np.int32,
            "long": np.int64, "bool": np.bool_}
@@ -32,10 +33,10 @@ def _binary(fn: Any, name: str) -> tuple:
     raw = _r(fn)
 
     def op(self: Tensor, other: Any) -> Any:
-        return record(raw, name, (self, other), {})
+        return record_binary(raw, name, self, other)
 
     def rop(self: Tensor, other: Any) -> Any:
-        return record(raw, name, (other, self), {})
+        return record_binary(raw, name, other, self)
     return op, rop
 
 
@@ -84,6 +85,8 @@ def _method(fn: Any, name: str) -> Any:
     raw = _r(fn)
 
     def m(self: Tensor, *args: Any, **kwargs: Any) -> Any:
+        if not args and not kwargs:
+            return record_unary(raw, name, self)
         return record(raw, name, (self,) + args, kwargs)
     m.__name__ = getattr(fn, "__name__", name.lower())
     return m
@@ -319,7 +322,7 @@ def assign(self: Tensor, new: Tensor) -> Tensor:
         self._rg = True
     elif self._fn is None and self._value is None:
         _chain(self, prev)
-    self._vc[0] += 1
+    Inplace.bump(self._vc)
     if own is not None:     # the op read the value it replaced: that is not a later change
         for s in own.saved:
             if s.vc is self._vc:

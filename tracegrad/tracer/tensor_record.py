@@ -16,7 +16,7 @@ import numpy as np
 from ..ir.builder import _PKG_DIR, Builder, Traced
 from ..ir.builder import _state as _trace_state
 from ..ir.core import Aval, Lit, Var
-from .autograd_graph import SAVED, Node, SavedTensor
+from .autograd_graph import SAVED, Inplace, Node, SavedTensor
 from .grad_mode import mode
 from .tensor import Tensor
 
@@ -116,7 +116,7 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
         if key is not None:
             hit = _fast.get(key)
             if hit is not None:
-                return _replay(hit, name, args, tensors, grad)
+                return _replay(hit, name, args, tensors, grad, 3)
     if name == "Dropout" and kwargs.get("seed") is None:
         from .random import next_seed    # a graph input, so graphs hash alike across steps
         kwargs = dict(kwargs, seed=np.asarray(next_seed(), np.int64))
@@ -285,8 +285,40 @@ def _fast_key(fn: Callable, name: str, args: tuple) -> tuple | None:
 _SCALARS = (float, int, bool)
 
 
-def _replay(hit: tuple, name: str, args: tuple, tensors: list, grad: bool) -> Any:
-    """Record an op whose fast key was seen before: no IR is made until it is needed."""
+def record_unary(fn: Callable, name: str, a: Tensor, depth: int = 2) -> Any:
+    """`record(fn, name, (a,), {})` for a Tensor `a`: an op seen before is replayed at once.
+    `depth`: how many frames above this one the user's code may start (2: the caller of the
+    method that called this)."""
+    if not _trace_state.stack:
+        aval = a._var.aval
+        hit = _fast.get((fn, name, aval.shape, aval.dtype))
+        if hit is not None:
+            return _replay(hit, name, (a,), (a,), True, depth + 2)
+    return record(fn, name, (a,), {})
+
+
+def record_binary(fn: Callable, name: str, a: Any, b: Any, depth: int = 2) -> Any:
+    """`record(fn, name, (a, b), {})`, with the commonest case — two Tensors, an op seen
+    before — replayed at once."""
+    if type(a) is Tensor and type(b) is Tensor and not _trace_state.stack:
+        va, vb = a._var, b._var
+        aa = va.aval
+        if va is vb:
+            hit = _fast.get((fn, name, aa.shape, aa.dtype, 0))
+            tensors = (a,)
+        else:
+            ab = vb.aval
+            hit = _fast.get((fn, name, aa.shape, aa.dtype, ab.shape, ab.dtype))
+            tensors = (a, b)
+        if hit is not None:
+            return _replay(hit, name, (a, b), tensors, True, depth + 2)
+    return record(fn, name, (a, b), {})
+
+
+def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
+            depth: int = 4) -> Any:
+    """Record an op whose fast key was seen before: no IR is made until it is needed. The
+    user's line is looked for from `depth` frames above `_user_line`."""
     tpl, gname, saves, aval, float_out, sig = hit
     entries = []
     requires = False
@@ -298,51 +330,62 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: list, grad: bool) -> An
             if gsrc is not None:
                 requires = True
             val = a._value
-            entries.append((a._var, gsrc, val if val is not None else a._node))
+            entries.append((a._var, gsrc, a._node if val is None else val))
     else:
         for a in tensors:
             val = a._value
-            entries.append((a._var, None, val if val is not None else a._node))
+            entries.append((a._var, None, a._node if val is None else val))
     if aval is None:
         out_vars = _out_vars(tpl[2])
         node = Node(None, entries, [v for v in out_vars if v is not None], False, "", tpl,
-                    _user_line(3))
+                    _user_line(depth))
         results = _results(node, out_vars, requires)
-    else:       # one output: made here directly
-        v = Var(aval)
-        node = Node(None, entries, [v], False, "", tpl, _user_line(3))
-        t = _new(Tensor)
-        t._var = v
-        t._value = None
-        t._node = node
-        t._vc = [0]
-        t._x = {"inference": True} if mode.inference else None
-        if requires and float_out:
-            node.grad = True
-            t._fn = node
-            t._rg = True
-        else:
-            t._fn = None
-            t._rg = False
         node.sig = sig + node.grad
         if node.grad:
             node.name_ = gname
             if saves:
-                _save(node, name, args, t, saves)
+                _save(node, name, args, results[0], saves)
             else:
                 node.saved = ()
-        return t
-    node.sig = sig + node.grad
-    if node.grad:
+        out_type = tpl[3]
+        if out_type is None:
+            return results[0]
+        return out_type(*results) if hasattr(out_type, "_fields") else out_type(results)
+    v = Var(aval)     # one output: the node and the tensor are made here directly
+    node = _new(Node)
+    node._eqns = None
+    node.tpl = tpl
+    node.src = _user_line(depth)
+    node.args = entries
+    node.out_vars = [v]
+    node.values = None
+    node.freed = False
+    node.epoch = Inplace.epoch
+    node.x = None
+    t = _new(Tensor)
+    t._var = v
+    t._value = None
+    t._node = node
+    t._vc = [0]
+    t._x = {"inference": True} if mode.inference else None
+    if requires and float_out:
+        node.grad = True
+        node.sig = sig + 1
         node.name_ = gname
+        t._fn = node
+        t._rg = True
         if saves:
-            _save(node, name, args, results[0], saves)
+            _save(node, name, args, t, saves)
         else:
-            node.saved = ()
-    out_type = tpl[3]
-    if out_type is None:
-        return results[0]
-    return out_type(*results) if hasattr(out_type, "_fields") else out_type(results)
+            node._saved = ()
+    else:
+        node.grad = False
+        node.sig = sig
+        node.name_ = ""
+        node._saved = None
+        t._fn = None
+        t._rg = False
+    return t
 
 
 def _out_vars(touts: list) -> list:
@@ -453,6 +496,9 @@ def _needs_grad(a: Any) -> bool:
 
 def _save(node: Node, name: str, args: tuple, result: Tensor | None,
           slots: tuple | None = None) -> None:
+    """Keep what the op's backward reads (see autograd_graph.SAVED). Without
+    saved_tensors_hooks each value is kept as a plain tuple (tensor, var, vc, version, slot),
+    made a SavedTensor only if asked for (`Node.saved`)."""
     if slots is None:
         slots = SAVED.get(name)
         if not slots:
@@ -464,12 +510,12 @@ def _save(node: Node, name: str, args: tuple, result: Tensor | None,
     for s in slots:
         if s.__class__ is str:     # "result"
             if result is not None:
-                saved.append(SavedTensor(None, result._var, result._vc, s, node, hooks)
-                             if hooks is not None else
-                             SavedTensor.plain(None, result._var, result._vc, s))
+                vc = result._vc
+                saved.append(SavedTensor(None, result._var, vc, s, node, hooks)
+                             if hooks is not None else (None, result._var, vc, vc[0], s))
         elif s < len(args) and isinstance(args[s], Tensor):
             t = args[s]
-            if s == 0 and name in ("Mul", "Div") and not _needs_grad(args[1]):
+            if s == 0 and (name == "Mul" or name == "Div") and not _needs_grad(args[1]):
                 continue    # d(x*c)/dc is not needed: x need not be kept
             if t._x is not None and t._x.get("inference"):
                 raise RuntimeError(
@@ -477,8 +523,14 @@ def _save(node: Node, name: str, args: tuple, result: Tensor | None,
                     "created in inference mode in computation tracked by autograd. To work "
                     "around this, you can make a clone to get a normal tensor and use it in "
                     "autograd, or use `torch.no_grad()` instead of `torch.inference_mode()`.")
-            saved.append(SavedTensor(t, t._var, t._vc, s, node, hooks) if hooks is not None
-                         else SavedTensor.plain(t, t._var, t._vc, s))
+            vc = t._vc
+            saved.append(SavedTensor(t, t._var, vc, s, node, hooks) if hooks is not None
+                         else (t, t._var, vc, vc[0], s))
     if name == "Pow" and len(args) > 1 and not isinstance(args[1], Tensor):
         node.fn_ctx = {"exponent": args[1]}
+    if hooks is None:
+        node._saved = tuple(saved)
+        return
+    if saved:
+        node.hooked = True
     node.saved = saved

@@ -1,0 +1,168 @@
+"""The Tensor API's fast paths — replayed op records, lazily made saved tensors, the in-place
+epoch, the composed backward Plan — keep PyTorch's semantics."""
+import numpy as np
+import pytest
+
+import tracegrad as tg
+from tracegrad.tracer import autograd_compose, autograd_exec
+
+
+def rnn_grads(T, w0, u0, xs0, hook_at=None):
+    W = tg.tensor(w0, requires_grad=True)
+    U = tg.tensor(u0, requires_grad=True)
+    h = tg.zeros(1, w0.shape[0])
+    for t in range(T):
+        h = tg.tanh(h @ W + tg.tensor(xs0[t]) @ U)
+        if t == hook_at:
+            h.register_hook(lambda g: g)    # forces the node-by-node engine
+    loss = (h * h).sum()
+    loss.backward()
+    return float(loss.item()), W.grad.numpy(), U.grad.numpy()
+
+
+def numpy_rnn_grads(T, w, u, xs):
+    hs = [np.zeros((1, w.shape[0]))]
+    for t in range(T):
+        hs.append(np.tanh(hs[-1] @ w + xs[t] @ u))
+    g = 2 * hs[-1]
+    dw, du = np.zeros_like(w), np.zeros_like(u)
+    for t in range(T, 0, -1):
+        gz = g * (1 - hs[t] ** 2)
+        dw += hs[t - 1].T @ gz
+        du += xs[t - 1].T @ gz
+        g = gz @ w.T
+    return float((hs[-1] ** 2).sum()), dw, du
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 7])
+def test_plan_backward_of_an_rnn_matches_numpy_and_the_engine(T):
+    rng = np.random.default_rng(T)
+    w0 = (rng.standard_normal((6, 6)) / 3).astype(np.float32)
+    u0 = (rng.standard_normal((6, 6)) / 3).astype(np.float32)
+    xs0 = rng.standard_normal((T, 1, 6)).astype(np.float32)
+    loss, dw, du = rnn_grads(T, w0, u0, xs0)
+    ref = numpy_rnn_grads(T, w0.astype(np.float64), u0.astype(np.float64),
+                          xs0.astype(np.float64))
+    assert loss == pytest.approx(ref[0], rel=1e-5)
+    np.testing.assert_allclose(dw, ref[1], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(du, ref[2], rtol=1e-4, atol=1e-5)
+    slow = rnn_grads(T, w0, u0, xs0, hook_at=0)
+    np.testing.assert_allclose(dw, slow[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(du, slow[2], rtol=1e-5, atol=1e-6)
+
+
+def test_plan_and_its_ir_graph_compute_the_same():
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal((5, 5)).astype(np.float32)
+    xs0 = rng.standard_normal((4, 1, 5)).astype(np.float32)
+    autograd_exec._grad_graphs.items.clear()
+    rnn_grads(4, w0, w0, xs0)
+    (entry,) = autograd_exec._grad_graphs.items.values()
+    assert isinstance(entry.plan, autograd_compose.Plan)
+    W = tg.tensor(w0, requires_grad=True)
+    U = tg.tensor(w0, requires_grad=True)
+    h = tg.zeros(1, 5)
+    for t in range(4):
+        h = tg.tanh(h @ W + tg.tensor(xs0[t]) @ U)
+    w = autograd_exec.grad_walk([(h * h).sum()._fn])
+    args = w.in_vals + [np.ones((), np.float32)]
+    by_plan = entry.plan(args)
+    by_graph = tg.ir.interpret(entry.plan.graph(), args)
+    assert len(by_plan) == len(by_graph) == 3
+    for a, b in zip(by_plan, by_graph):
+        np.testing.assert_array_equal(a, b)
+    for e in entry.plan.graph().eqns:
+        assert e.source is None or "test_tensor_fastpath.py" in e.source
+
+
+def test_weight_gradient_products_merge_into_one_matmul():
+    autograd_exec._grad_graphs.items.clear()
+    rng = np.random.default_rng(1)
+    w0 = rng.standard_normal((4, 4)).astype(np.float32)
+    rnn_grads(6, w0, w0, rng.standard_normal((6, 1, 4)).astype(np.float32))
+    (entry,) = autograd_exec._grad_graphs.items.values()
+    ops = [e.op for e in entry.plan.graph().eqns]
+    # forward 6 x (2 matmuls); backward: 5 steps' h-gradients, one merged product per weight
+    assert ops.count("matmul") == 12 + 5 + 2
+    assert ops.count("concatenate") == 3      # [h], [x], [g] (g shared by both weights)
+
+
+def test_saved_tensors_are_kept_at_their_version_when_recorded():
+    a = tg.tensor([1.0, 2.0], requires_grad=True)
+    b = a * 2
+    c = b * b
+    assert c.grad_fn._saved_self is b       # made on demand from the recorded fields
+    with tg.no_grad():
+        b.mul_(3)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        c.sum().backward()
+
+
+def test_an_inplace_op_reading_the_value_it_replaces_is_no_later_change():
+    a = tg.tensor([1.0, 2.0], requires_grad=True)
+    b = a * 1
+    b.mul_(b)          # saves b at the version it replaces, then bumps it
+    b.sum().backward()
+    np.testing.assert_allclose(a.grad.numpy(), [2.0, 4.0])
+
+
+def test_inplace_changes_elsewhere_leave_a_graph_valid():
+    a = tg.tensor([1.0, 2.0], requires_grad=True)
+    y = (a * a).sum()
+    other = tg.zeros(2)
+    other.add_(1.0)      # a version bump of a tensor the graph does not save
+    y.backward()
+    np.testing.assert_allclose(a.grad.numpy(), [2.0, 4.0])
+
+
+def test_backward_twice_needs_retain_graph():
+    w = tg.ones(2, 2, requires_grad=True)
+    loss = (tg.ones(1, 2) @ w).tanh().sum()
+    loss.backward(retain_graph=True)
+    loss.backward()
+    np.testing.assert_allclose(w.grad.numpy(), 2 * (1 - np.tanh(2.0) ** 2) * np.ones((2, 2)),
+                               rtol=1e-5)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        loss.backward()
+
+
+def test_a_leaf_read_through_two_variables_gets_one_summed_gradient():
+    w = tg.tensor([1.0, 2.0], requires_grad=True)
+    a = w * 3
+    with tg.no_grad():
+        w.add_(1.0)      # w's value changes: later ops read it through a new variable
+    b = w * 5
+    (a + b).sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), [8.0, 8.0])
+
+
+def test_gradients_accumulate_into_existing_grad():
+    w = tg.tensor([[1.0, 2.0]], requires_grad=True)
+    for _ in range(3):
+        (w * w).sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), 3 * 2 * np.array([[1.0, 2.0]]))
+
+
+def test_backward_of_a_non_scalar_without_gradient_raises():
+    w = tg.ones(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="implicitly created only for scalar outputs"):
+        (w * 2).backward()
+
+
+def test_zeros_and_ones_accept_torch_spellings():
+    assert tg.zeros(2, 3).shape == (2, 3)
+    assert tg.zeros((2, 3)).shape == (2, 3)
+    assert tg.ones([4]).shape == (4,)
+    assert tg.zeros(()).shape == ()
+    assert tg.ones(2, dtype=tg.float64).dtype == np.float64
+    assert tg.zeros(2, requires_grad=True).requires_grad
+    assert tg.zeros(np.int64(2), 2).shape == (2, 2)
+
+
+def test_replayed_ops_record_the_callers_line():
+    w = tg.ones(2, 2, requires_grad=True)
+    x = tg.ones(1, 2)
+    for _ in range(2):      # the second pass replays the recorded ops
+        a = x @ w; b = tg.tanh(a); c = b.sum()  # noqa: E702
+    for t in (a, b, c):
+        assert t.grad_fn.eqns[0].source.startswith("test_tensor_fastpath.py:")
