@@ -7,6 +7,7 @@ shared by every trace with the same step (bodies are interned by structure), so 
 per body (its linearisation for the VJP, its interpreter template) is done once for all T."""
 from __future__ import annotations
 
+import collections
 from typing import Any, Sequence
 
 from . import emit as E
@@ -39,43 +40,41 @@ def _depths(eqns: Sequence[Eqn]) -> list[int]:
     return out
 
 
-def _key_table(order: Sequence[Eqn], outvars: Sequence[Atom]) -> tuple:
+def _key_table(order: Sequence[Eqn]) -> list[int]:
     """Per equation a small int, equal for equations equal up to the identity of their input
-    variables; per var its uses and the position of its last use; per var its producer."""
+    variables."""
     table = _EQN_KEYS
     keys = []
-    uses: dict[int, int] = {}
-    last: dict[int, int] = {}
-    producer: dict[int, Eqn] = {}
     for pos, e in enumerate(order):
-        for v in e.outvars:
-            producer[v.id] = e
-        ins = []
-        for a in e.inputs:
-            if type(a) is Var:
-                ins.append(a.aval)
-                uses[a.id] = uses.get(a.id, 0) + 1
-                last[a.id] = pos
-            else:
-                ins.append(a.key())
-        if e.op in _UNROLLABLE:
+        op = e.op
+        if op in _UNROLLABLE:
             keys.append(-1 - pos)
             continue
-        outs = e.outvars[0].aval if len(e.outvars) == 1 else tuple([v.aval for v in e.outvars])
+        outs = e.outvars
+        k = (op, tuple([a.aval if type(a) is Var else a.key() for a in e.inputs]),
+             outs[0].aval if len(outs) == 1 else tuple([v.aval for v in outs]))
         try:     # params as given (equal dicts listed in another order only miss a roll)
-            k = (e.op, tuple(e.params.items()), tuple(ins), outs)
-            keys.append(table.setdefault(k, len(table)))
+            keys.append(table.setdefault((k, tuple(e.params.items())), len(table)))
         except TypeError:
             try:
-                k = (e.op, _frozen_params(e.params), tuple(ins), outs)
-                keys.append(table.setdefault(k, len(table)))
+                keys.append(table.setdefault((k, _frozen_params(e.params)), len(table)))
             except TypeError:      # params that cannot be hashed
                 keys.append(-1 - pos)
-    for a in outvars:
-        if type(a) is Var:
-            uses[a.id] = uses.get(a.id, 0) + 1
-            last[a.id] = len(order)
-    return keys, uses, last, producer
+    return keys
+
+
+def _uses(order: Sequence[Eqn], outvars: Sequence[Atom]) -> dict[int, int]:
+    """How many times each variable is read (by an equation or as an output)."""
+    uses = collections.Counter([a.id for e in order for a in e.inputs if type(a) is Var])
+    uses.update([a.id for a in outvars if type(a) is Var])
+    return uses
+
+
+def _read_after(order: Sequence[Eqn], end: int, outvars: Sequence[Atom]) -> set[int]:
+    """The variables read by `order[end:]` or the outputs."""
+    read = {a.id for a in outvars if type(a) is Var}
+    read.update([a.id for e in order[end:] for a in e.inputs if type(a) is Var])
+    return read
 
 
 def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
@@ -92,8 +91,10 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
         _EQN_KEYS.clear()
     depth = _depths(eqns)
     order = [eqns[i] for i in sorted(range(n), key=depth.__getitem__)]
-    keys, uses, last_use, producer = _key_table(order, graph.outvars)
+    keys = _key_table(order)
     key_of = {id(e): k for e, k in zip(order, keys)}
+    uses = _uses(order, graph.outvars)
+    producer = {v.id: e for e in order for v in e.outvars}
     nxt = [n] * n
     seen: dict[int, int] = {}
     for i in range(n - 1, -1, -1):
@@ -113,13 +114,14 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
                 reps += 1
             if reps >= min_trips and p * reps >= min_eqns:
                 blocks = [order[i + k * p:i + (k + 1) * p] for k in range(reps)]
-                flow = _flow(blocks)
                 end = i + reps * p
-                if flow is not None:    # the loop's first step may have begun earlier
-                    turned = _rotate(blocks, flow, order, end, producer, key_of, uses)
-                    if turned is not None:
-                        blocks, flow, pre, end = turned
-                        sunk.update(id(e) for e in pre)
+                # the loop's first step may have begun before the blocks found
+                turned = _rotate(blocks, order, end, producer, key_of, uses)
+                if turned is not None:
+                    blocks, flow, pre, end = turned
+                    sunk.update(id(e) for e in pre)
+                else:
+                    flow = _flow(blocks)
                 if flow is not None:    # move the steps' own work on their inputs in
                     kept = [list(blk) for blk in blocks]
                     moved = _sink(flow[2], blocks, producer, key_of, uses)
@@ -131,7 +133,8 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
                         else:
                             blocks = kept
                 if flow is not None:
-                    out.append(_scan_eqn(blocks, flow, last_use, end, key_of))
+                    out.append(_scan_eqn(blocks, flow, _read_after(order, end, graph.outvars),
+                                         key_of))
                     for blk in blocks:   # now inside a scan: never moved into another
                         for e in blk:
                             for v in e.outvars:
@@ -148,12 +151,12 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
     return Graph(graph.invars, out, graph.outvars, graph.constvars, graph.consts)
 
 
-def _rotate(blocks: list[list[Eqn]], flow: tuple, order: list[Eqn], end: int,
+def _rotate(blocks: list[list[Eqn]], order: list[Eqn], end: int,
             producer: dict[int, Eqn], key_of: dict[int, int], uses: dict[int, int]
             ) -> tuple | None:
     """The blocks of a loop found mid-step (the sort by depth can put a step's first equation,
     `h @ W`, with the previous block) turned to begin where the step does: while the value a
-    block's last equation carries into the next is, for the first block, made by an equal
+    block's last equation passes to the next block is, for the first block, made by an equal
     equation before the loop, that equation becomes the first of a first block and every
     block gives its last equation to the next; the last one's, with the equations after the
     loop, must then make one more whole block. Returns (blocks, flow, equations taken from
@@ -163,27 +166,25 @@ def _rotate(blocks: list[list[Eqn]], flow: tuple, order: list[Eqn], end: int,
     pre: list[Eqn] = []
     for r in range(1, p):
         last = blocks[0][-1]
-        carries = flow[3]
-        inits = [carries[(p - 1, o)] for o in range(len(last.outvars)) if (p - 1, o) in carries]
-        made = producer.get(inits[0].id) if inits and type(inits[0]) is Var else None
+        made_by_last = {v.id for v in last.outvars}
+        init = next((blocks[0][j].inputs[q] for j, e in enumerate(blocks[1])
+                     for q, a in enumerate(e.inputs)
+                     if type(a) is Var and a.id in made_by_last), None)
+        made = producer.get(init.id) if type(init) is Var else None
         if made is None or key_of.get(id(made)) != key_of[id(last)] or any(
                 uses.get(v.id, 0) != sum(1 for e in blocks[0] for a in e.inputs if a is v)
                 for v in made.outvars):
-            break
-        turned = [[made] + blocks[0][:-1]] + [[blocks[k - 1][-1]] + blocks[k][:-1]
+            return None
+        blocks = [[made] + blocks[0][:-1]] + [[blocks[k - 1][-1]] + blocks[k][:-1]
                                              for k in range(1, len(blocks))]
         pre.append(made)
         keys = keys[-1:] + keys[:-1]
         # the last block's last r equations, left over, and those after the loop: one block?
         more = order[end - r:end + p - r]
         if len(more) == p and [key_of.get(id(e)) for e in more] == keys:
-            whole = _flow(turned + [more])
+            whole = _flow(blocks + [more])
             if whole is not None:
-                return turned + [more], whole, pre, end + p - r
-        flow = _flow(turned)        # turn once more?
-        if flow is None:
-            break
-        blocks = turned
+                return blocks + [more], whole, pre, end + p - r
     return None
 
 
@@ -281,10 +282,10 @@ def _flow(blocks: list[list[Eqn]]) -> tuple | None:
     return plan, consts, xs, carries
 
 
-def _scan_eqn(blocks: list[list[Eqn]], flow: tuple, last_use: dict[int, int],
-              end: int, key_of: dict[int, int]) -> Eqn:
-    """The scan equation computing `blocks`; its per-step outputs are the values read after
-    position `end`."""
+def _scan_eqn(blocks: list[list[Eqn]], flow: tuple, read_after: set[int],
+              key_of: dict[int, int]) -> Eqn:
+    """The scan equation computing `blocks`; its per-step outputs are the values in
+    `read_after` (read after the loop)."""
     plan, consts, xs, carries = flow
     reps = len(blocks)
     first, last = blocks[0], blocks[-1]
@@ -292,7 +293,7 @@ def _scan_eqn(blocks: list[list[Eqn]], flow: tuple, last_use: dict[int, int],
     for j in range(len(first)):
         for o in range(len(first[j].outvars)):
             k_from = reps - 1 if (j, o) in carries else reps
-            if any(last_use.get(blocks[k][j].outvars[o].id, -1) >= end for k in range(k_from)):
+            if any(blocks[k][j].outvars[o].id in read_after for k in range(k_from)):
                 ys.append((j, o))
     const_at = {vid: k for k, vid in enumerate(consts)}
     shape = (tuple([key_of[id(e)] for e in first]),
