@@ -35,24 +35,27 @@ def _expand(index: Any, ndim: int) -> list[Any]:
     return out
 
 
-_WHOLE: dict[tuple[int, ...], tuple] = {}   # shape -> the slice index of all of it
+# (shape, int index) -> the params of x[index]'s slice (None if there is nothing to cut) and
+# reshape; equations share them, as they share a rule's params when autodiff replays it
+_INT_INDEX: dict[tuple, tuple[dict | None, dict]] = {}
 
 
 @op("Index")
 def getitem(x: Any, index: Any) -> Any:
-    if type(index) is int and type(x) is Traced and x.shape:   # x[t]: the common case
+    if type(index) is int and type(x) is Traced and x.atom.aval.shape:   # x[t]: the common case
         shape = x.atom.aval.shape
-        n = shape[0]
-        if not -n <= index < n:
-            raise IndexError(f"index {index} is out of bounds for axis 0 with size {n}")
-        i = index % n
-        rest = shape[1:]
-        if n != 1:
-            whole = _WHOLE.get(rest)
-            if whole is None:
-                whole = remember(_WHOLE, rest, tuple((0, d, 1) for d in rest))
-            x = bind_traced("slice", x, params={"index": ((i, i + 1, 1), *whole)})
-        return bind_traced("reshape", x, params={"shape": rest})
+        params = _INT_INDEX.get((shape, index))
+        if params is None:
+            n = shape[0]
+            if not -n <= index < n:
+                raise IndexError(f"index {index} is out of bounds for axis 0 with size {n}")
+            i = index % n
+            cut = ({"index": ((i, i + 1, 1),) + tuple((0, d, 1) for d in shape[1:])}
+                   if n != 1 else None)
+            params = remember(_INT_INDEX, (shape, index), (cut, {"shape": shape[1:]}))
+        if params[0] is not None:
+            x = bind_traced("slice", x, params=params[0])
+        return bind_traced("reshape", x, params=params[1])
     shape = tuple(E.shape_of(x))
     items = _expand(index, len(shape))
     slices: list[tuple[int, int, int]] = []

@@ -15,7 +15,7 @@ from .executor import Tiered, compile_graph
 from .pytree import TreeDef, tree_flatten, unflattener
 from ..ir.builder import current_builder
 from ..ir.core import remember
-from .trace import leaf_value, trace, tracing
+from .trace import leaf_values, trace, tracing
 
 log = logging.getLogger("tracegrad")
 
@@ -180,7 +180,7 @@ class Jitted:
             entry = self._compile(args, key)
         if fast is not None:
             self._fast[fast] = entry
-        vals = [leaf_value(x, f"argument leaf {i}") for i, x in enumerate(leaves)]
+        vals = leaf_values(leaves, "argument")
         outs = entry.run(vals)
         return entry.unflatten(outs)
 

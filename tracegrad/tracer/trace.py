@@ -30,6 +30,18 @@ def leaf_value(x: Any, where: str) -> Any:
                     "scalar, or a tuple/list/dict/None of them")
 
 
+def leaf_values(xs: Sequence[Any], what: str) -> list[Any]:
+    """`leaf_value` of each of `xs`, the i-th named "`what` leaf i" in errors."""
+    out = []
+    for i, x in enumerate(xs):
+        t = type(x)
+        if t is Traced or (t is np.ndarray and x.dtype.kind != "O"):   # (quickly)
+            out.append(x)
+        else:
+            out.append(leaf_value(x, f"{what} leaf {i}"))
+    return out
+
+
 _AVAL_OF: dict[tuple, ir.Aval] = {}   # (shape, dtype) -> its Aval, made once
 
 
@@ -54,7 +66,7 @@ class Traced_fn:
 
 def flatten_args(args: Sequence[Any], what: str = "argument") -> tuple[list[Any], TreeDef]:
     leaves, tree = tree_flatten(tuple(args))
-    return [leaf_value(x, f"{what} leaf {i}") for i, x in enumerate(leaves)], tree
+    return leaf_values(leaves, what), tree
 
 
 def trace(fn: Callable, args: Sequence[Any], static_argnums: Sequence[int] = (),
@@ -73,7 +85,7 @@ def trace(fn: Callable, args: Sequence[Any], static_argnums: Sequence[int] = (),
             break
     else:           # arrays only (the common call): each argument is its own leaf
         raw, in_tree = list(dyn), None
-    leaves = [leaf_value(x, f"argument leaf {i}") for i, x in enumerate(raw)]
+    leaves = leaf_values(raw, "argument")
     b = Builder(getattr(fn, "__name__", "fn"))
     b.optimized_later = optimized_later
     inputs = [b.new_input(aval_of_leaf(x)) for x in leaves]
@@ -90,7 +102,7 @@ def trace(fn: Callable, args: Sequence[Any], static_argnums: Sequence[int] = (),
     with b.active():
         out = fn(*call_args)
         out_leaves, out_tree = ([out], LEAF) if type(out) is Traced else tree_flatten(out)
-        out_leaves = [leaf_value(x, f"output leaf {i}") for i, x in enumerate(out_leaves)]
+        out_leaves = leaf_values(out_leaves, "output")
     graph = b.build(out_leaves)
     return Traced_fn(graph, list(b.captured), out_tree), leaves
 
