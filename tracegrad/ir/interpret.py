@@ -102,6 +102,9 @@ def _fast_fn(e: Any) -> Callable | None:
     if op == "slice":
         idx = np_index(p["index"])
         return lambda x: x[idx]
+    if op == "concatenate" and same:
+        axis = p["axis"]
+        return lambda *xs: np.concatenate(xs, axis)
     if op == "select" and len({a.aval.dtype for a in e.inputs[1:]} | {out.dtype}) == 1:
         return np.where
     if op == "convert":
