@@ -10,7 +10,8 @@ so it costs a few microseconds per equation; its IR is built only if it gets hot
 compiled (`Plan.graph`)."""
 from __future__ import annotations
 
-from typing import Any
+from operator import itemgetter
+from typing import Any, Callable
 
 import numpy as np
 
@@ -164,8 +165,19 @@ def _recipe(eqns: list, local: dict, k: int, consts: list) -> list | None:
             local[v.id] = k
             outs.append(k)
             k += 1
-        steps.append((_step_fn(e, multi), ins, tuple(outs), -1 if multi else len(ins), e))
+        steps.append((_step_fn(e, multi), _getter(ins), tuple(outs), -1 if multi else len(ins),
+                      e))
     return steps
+
+
+def _getter(ins: tuple) -> Callable[[list], tuple]:
+    """A function picking `ins` out of a list, as a tuple (comprehensions cost a frame)."""
+    if len(ins) == 1:
+        i = ins[0]
+        return lambda loc: (loc[i],)
+    if not ins:
+        return lambda loc: ()
+    return itemgetter(*ins)
 
 
 class _Forward:
@@ -189,6 +201,7 @@ class _Forward:
 
 # How the composer treats a reverse-pass step (see _Backward)
 PLAIN, SHARED, FLIP, PRODUCT = 0, 1, 2, 3
+_ONE = (True,)
 
 
 class _Backward:
@@ -267,8 +280,9 @@ def _backward_recipe(tpl: tuple, fwd: _Forward, needs: tuple, has_ct: tuple) -> 
 
 def _synth(op: str, ins: tuple, axis: int | None = None) -> tuple:
     """(step fn, equation) for an op the composer adds itself: `add` of two contributions,
-    `concatenate` along `axis`, a 2-d `transpose`, a `matmul`."""
-    key = (op, axis, *ins)
+    a 2-d `transpose`, a `matmul`, `concatenate` along `axis` of operands of one type."""
+    a = ins[0]
+    key = (op, axis, len(ins), a.shape, a.dtype, ins[-1].shape)
     hit = _synthetic.get(key)
     if hit is None:
         params = {"axis": axis} if op == "concatenate" else \
@@ -374,6 +388,13 @@ class _Composer:
             self.consts[k] = (key, value, what)
         return k
 
+    def _consts(self, loc: list, consts: list) -> None:
+        """Append the slots of a recipe's constants to `loc`."""
+        const_slots = self.const_slots
+        for key, value, what in consts:
+            k = const_slots.get(key)
+            loc.append(k if k is not None else self.const(key, value, what))
+
     def _emit(self, fn: Any, ins: tuple, te: Eqn, source: Any, op: Any = None) -> int:
         out = self.n
         self.n = out + 1
@@ -392,20 +413,26 @@ class _Composer:
         if fwd is None:
             raise NoTemplate
         vslot = self.vslot
-        loc = [vslot[e[0].id] for e in n.args]
+        args = n.args
+        if len(args) == 2:
+            loc = [vslot[args[0][0].id], vslot[args[1][0].id]]
+        elif len(args) == 1:
+            loc = [vslot[args[0][0].id]]
+        else:
+            loc = [vslot[e[0].id] for e in args]
         if fwd.consts:
             del loc[fwd.n_in:]
-            loc += [self.const(*c) for c in fwd.consts]
+            self._consts(loc, fwd.consts)
         k = self.n
         steps, meta, src = self.steps, self.meta, n.src
         for fn, ins, outs, arity, te in fwd.steps:
             if arity >= 0:
-                steps.append((fn, tuple([loc[i] for i in ins]), k, arity))
+                steps.append((fn, ins(loc), k, arity))
                 loc.append(k)
                 k += 1
             else:
                 out = tuple(range(k, k + len(outs)))
-                steps.append((fn, tuple([loc[i] for i in ins]), out, arity))
+                steps.append((fn, ins(loc), out, arity))
                 loc += out
                 k += len(outs)
             meta.append((te, src, None))
@@ -427,8 +454,11 @@ class _Composer:
             t = terms.pop(vslot[v.id], None)
             if t is None:
                 return
-            loc.append(self._sum(t, v.aval))
-            has_ct = (True,)
+            if len(t) == 1 and type(t[0]) is int:
+                loc.append(t[0])
+            else:
+                loc.append(self._sum(t, v.aval))
+            has_ct = _ONE
         else:
             gouts = [self._total_slot(vslot[v.id], v.aval) for v in outs]
             if all(g is None for g in gouts):
@@ -436,18 +466,23 @@ class _Composer:
             has_ct = tuple([g is not None for g in gouts])
             loc += [g for g in gouts if g is not None]
         tpl, args = n.tpl, n.args
-        needs = tuple([e[1] is not None for e in args])
+        if len(args) == 2:
+            needs = (args[0][1] is not None, args[1][1] is not None)
+        elif len(args) == 1:
+            needs = (args[0][1] is not None,)
+        else:
+            needs = tuple([e[1] is not None for e in args])
         bwd = _brecipes.get((tpl[4], needs, has_ct))
         if bwd is None:
             bwd = _backward_recipe(tpl, _recipes.get(tpl[4]) or _forward_recipe(tpl), needs,
                                    has_ct)
         if bwd.consts:
-            loc += [self.const(*c) for c in bwd.consts]
+            self._consts(loc, bwd.consts)
         shared, src = self.shared, n.src
         steps, meta = self.steps, self.meta
         k = self.n
         for (fn, ins, outs_, arity, te), (op, kind) in zip(bwd.steps, bwd.infos):
-            ins = tuple([loc[i] for i in ins])
+            ins = ins(loc)
             if kind:
                 if kind == PRODUCT:     # left operand: a slot or a FLIP
                     loc.append((ins[0], ins[1], fn, te, src, op))

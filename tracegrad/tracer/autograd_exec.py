@@ -424,44 +424,50 @@ def _bind_tensor() -> None:
 def grad_walk(roots: list[Node]) -> Walk | None:
     """`walk(roots, grad=True)` for the common case — every node has a signature, nothing
     is pending or recomputed — in two flat loops: collect the nodes, then visit them in
-    recording order (a node's output variables are made after all of its inputs'). Returns
-    None when the general walk is needed."""
+    recording order (a node's output variables are made after all of its inputs'). Nodes are
+    marked in their `w` slot: first with this walk's tag, then with their position (from a
+    base no earlier walk used). Returns None when the general walk is needed."""
+    global _walk_base
+    tag = object()
+    for r in roots:
+        r.w = tag
     nodes = list(roots)
-    seen = {id(n) for n in roots}
-    add = seen.add
     for n in nodes:     # grows while iterating
         if n.sig is None or n.x is not None and not _plain_extras(n):
             return None
         for var, gsrc, vsrc in n.args:
             if type(gsrc) is Node:
-                if id(gsrc) not in seen:
-                    add(id(gsrc))
+                if gsrc.w is not tag:
+                    gsrc.w = tag
                     nodes.append(gsrc)
             elif gsrc is None and type(vsrc) is Node and _cached(vsrc, var) is None:
                 return None     # a value computed without grad: the general walk decides
     nodes.sort(key=_first_var_id)
+    base = _walk_base
+    _walk_base = base + len(nodes)
     w = Walk()
     slots = w.slots
     in_vars, in_vals, in_gsrc = w.in_vars, w.in_vals, w.in_gsrc
-    index = w.index
     key = w.key
+    append = key.append
     epoch = Inplace.epoch
-    for i, n in enumerate(nodes):
-        key.append(n.sig)
+    i = base
+    for n in nodes:
+        append(n.sig)
         for var, gsrc, vsrc in n.args:
             if type(gsrc) is Node:
-                sub = index[id(gsrc)]
                 outs = gsrc.out_vars
                 pos = 0 if outs[0] is var else _out_index(gsrc, var)
                 if pos < 0 or not gsrc.grad:
                     raise Bail
-                key.append(-1 - (sub << 16 | pos) if pos < 65536 else (sub, pos))
+                append(-1 - ((gsrc.w - base) << 16 | pos) if pos < 65536
+                       else (gsrc.w - base, pos))
                 continue
             k = slots.get(var.id)
             if k is None:
                 if gsrc is None:
                     if type(vsrc) is Node:
-                        if vsrc.grad and id(vsrc) in index:
+                        if vsrc.grad and type(vsrc.w) is int and vsrc.w >= base:
                             raise Bail    # a no-grad use of a differentiable value
                         vsrc = _cached(vsrc, var)
                 elif type(gsrc) is not AccumulateGrad or gsrc.post_hooks or \
@@ -475,19 +481,22 @@ def grad_walk(roots: list[Node]) -> Walk | None:
                 in_vars.append(var)
                 in_vals.append(vsrc)
                 in_gsrc.append(gsrc)
-                key.append(k if gsrc is None else k | _WRT)
+                append(k if gsrc is None else k | _WRT)
                 continue
             if gsrc is None and in_gsrc[k] is not None:
                 raise Bail    # a no-grad use of a differentiable value
-            key.append(k)
-        index[id(n)] = i
-        if n.grad:
-            if n._saved and (n.freed or n.epoch != epoch):
-                check_saved(n)      # raises if a saved tensor was freed or changed
-            if not (n._eqns if n._eqns is not None else n.tpl[1]):
-                return None
+            append(k)
+        n.w = i
+        i += 1
+        if n.grad and n._saved and (n.freed or n.epoch != epoch):
+            check_saved(n)      # raises if a saved tensor was freed or changed
     w.order = nodes
+    for r in roots:
+        w.index[id(r)] = r.w - base
     return w
+
+
+_walk_base = 0
 
 
 def _plain_extras(n: Node) -> bool:

@@ -151,7 +151,7 @@ class Inplace:
 class Node:
     """One recorded Tensor op. When it requires grad it is the `grad_fn` of its outputs."""
     __slots__ = ("_eqns", "tpl", "src", "args", "out_vars", "values", "name_", "grad",
-                 "_saved", "freed", "sig", "epoch", "x", "__weakref__")
+                 "_saved", "freed", "sig", "epoch", "x", "w", "__weakref__")
 
     def __init__(self, eqns: list | None, args: list, out_vars: list, grad: bool,
                  name: str = "", tpl: tuple | None = None, src: str | None = None):
@@ -168,6 +168,7 @@ class Node:
         self.sig: int | None = None             # what determines the IR (tensor_record.record)
         self.epoch = Inplace.epoch
         self.x: _Extras | None = None
+        self.w: Any = None          # a mark of the last grad walk (autograd_exec.grad_walk)
 
     @property
     def saved(self) -> list[SavedTensor] | None:

@@ -120,8 +120,7 @@ class Tensor:
 
     @classmethod
     def __tg_function__(cls, fn: Callable, name: str, args: tuple, kwargs: dict) -> Any:
-        fn = getattr(fn, "raw", fn)
-        if not kwargs:
+        if not kwargs:     # (dispatch hands over the undecorated function)
             if len(args) == 1 and type(args[0]) is Tensor:
                 return record_unary(fn, name, args[0], 3)
             if len(args) == 2:
@@ -207,8 +206,9 @@ class Tensor:
                  create_graph: bool = False, inputs: Any = None) -> None:
         """Accumulate d(self)/d(leaf) (times `gradient` for non-scalars) into leaves' .grad."""
         from .autograd_engine import backward
-        backward([self], None if gradient is None else [gradient], retain_graph,
-                 create_graph, inputs=inputs)
+        backward(self if gradient is None else [self],
+                 None if gradient is None else [gradient], retain_graph, create_graph,
+                 inputs=inputs)
 
     def detach(self) -> Tensor:
         """A tensor with the same value, cut from the graph (sharing the version counter;

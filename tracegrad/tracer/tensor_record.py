@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..ir import core as _core
 from ..ir.builder import _PKG_DIR, Builder, Traced
 from ..ir.builder import _state as _trace_state
 from ..ir.core import Aval, Lit, Var
@@ -118,7 +119,7 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
             if hit is not None:
                 return _replay(hit, name, args, tensors, grad, 3)
     if name == "Dropout" and kwargs.get("seed") is None:
-        from .random import next_seed    # a graph input, so graphs hash alike across steps
+        from .random import next_seed  # a graph input, so graphs hash alike across steps
         kwargs = dict(kwargs, seed=np.asarray(next_seed(), np.int64))
     b = _rec.builder
     grad_on = mode.grad and grad
@@ -191,6 +192,8 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
             outs = list(out) if multi else [out]
             out_vars = [_own_var(b, o, entries) for o in outs]
             eqns = b.eqns
+            if not eqns:    # nothing to replay: such nodes take the general walks
+                sig = None
             if b.constvars:
                 entries.extend((v, None, c)
                                for v, c in zip(b.constvars, b.consts, strict=True))
@@ -227,8 +230,10 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
     if key is not None and sig is not None:
         touts = tpl[2]
         single = len(touts) == 1 and touts[0] is not None and tpl[3] is None
+        saves = SAVED.get(name)
         _fast[key] = (tpl, _names.get((name, sig)) or _grad_name(name, args, kwargs),
-                      SAVED.get(name), touts[0].aval if single else None,
+                      _IO if saves == _IO else _RESULT if saves == _RESULT else saves,
+                      touts[0].aval if single else None,
                       single and touts[0].aval.dtype.kind == "f", 2 * tpl[4])
     if not multi:
         return results[0]
@@ -325,8 +330,12 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
     if grad and mode.grad:
         for a in tensors:
             gsrc = a._fn
-            if gsrc is None and a._rg:
-                gsrc = a._gsrc()
+            if gsrc is None and a._rg:      # a leaf: its AccumulateGrad, while it lives
+                x = a._x
+                ref = x.get("acc") if x is not None else None
+                gsrc = ref() if ref is not None else None
+                if gsrc is None:
+                    gsrc = a._gsrc()
             if gsrc is not None:
                 requires = True
             val = a._value
@@ -351,17 +360,26 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
         if out_type is None:
             return results[0]
         return out_type(*results) if hasattr(out_type, "_fields") else out_type(results)
-    v = Var(aval)     # one output: the node and the tensor are made here directly
+    v = _new(Var)     # one output: the variable, node and tensor are made here directly
+    v.aval = aval
+    v.id = next(_core._ids)
     node = _new(Node)
     node._eqns = None
     node.tpl = tpl
-    node.src = _user_line(depth)
+    f = sys._getframe(depth - 1)     # the user's line: as _user_line, the common case inline
+    code = f.f_code
+    if _code_inside.get(id(code)) is False:
+        line = _sites[id(code)].get(f.f_lasti)
+        node.src = line if line is not None else _user_line(depth)
+    else:
+        node.src = _user_line(depth)
     node.args = entries
     node.out_vars = [v]
     node.values = None
     node.freed = False
     node.epoch = Inplace.epoch
     node.x = None
+    node.w = None
     t = _new(Tensor)
     t._var = v
     t._value = None
@@ -374,10 +392,22 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
         node.name_ = gname
         t._fn = node
         t._rg = True
-        if saves:
-            _save(node, name, args, t, saves)
-        else:
+        if not saves:
             node._saved = ()
+        elif saves is _IO and not mode.saved_hooks:     # (0, 1): matmul, mul, div ...
+            a, b = args
+            if type(a) is Tensor and type(b) is Tensor and (b._rg or name != "Mul" and
+                                                             name != "Div") and \
+                    (a._x is None or not a._x.get("inference")) and \
+                    (b._x is None or not b._x.get("inference")):
+                va, vb = a._vc, b._vc
+                node._saved = ((a, a._var, va, va[0], 0), (b, b._var, vb, vb[0], 1))
+            else:
+                _save(node, name, args, t, saves)
+        elif saves is _RESULT and not mode.saved_hooks:
+            node._saved = ((None, v, t._vc, 0, "result"),)
+        else:
+            _save(node, name, args, t, saves)
     else:
         node.grad = False
         node.sig = sig
@@ -445,6 +475,8 @@ def _learn(code: Any) -> bool:
 
 
 TEMPLATE_LIMIT = 4096
+_IO = (0, 1)              # what most binary ops save (see autograd_graph.SAVED), and
+_RESULT = ("result",)     # what most unary ones do: replayed without _save
 _templates: dict = {}     # signature -> (input var ids, eqns, output vars, output type, sig id)
 _names: dict = {}         # (op name, signature) -> grad_fn name
 _fast: dict = {}          # fast key (see _fast_key) -> (template, grad_fn name, saves?)
