@@ -46,7 +46,10 @@ def user_source(skip: int = 0) -> str | None:
     `skip` frames above the caller (callers skip the frames they know are tracegrad's). A
     call site's text is remembered by its instruction offset (`f_lineno` decodes the line
     table)."""
-    f = sys._getframe(1 + skip)
+    try:
+        f = sys._getframe(1 + skip)
+    except ValueError:      # fewer frames than skipped (a thread started on an op)
+        return None
     sites = _CODE_SITES
     while f is not None:
         code = f.f_code
@@ -77,7 +80,11 @@ _RULES: dict[Any, list[Aval]] = {}   # (op, input avals, params) -> output avals
 # lookups hash ids rather than shapes and dtypes; each entry keeps its input avals alive, so
 # their ids stay theirs while it exists.
 _RULES_BY_ID: dict[Any, tuple[list[Aval], tuple[Aval, ...]]] = {}
-_AVALS: dict[Aval, Aval] = {}   # the inputs' avals, interned
+_AVALS: dict[Aval, Aval] = {}   # the avals of inputs and constants, one object per type
+
+
+def _interned(aval: Aval) -> Aval:
+    return _AVALS.get(aval) or remember(_AVALS, aval, aval)
 
 
 def out_avals_of(op: str, avals: Sequence[Aval], params: dict, source: str | None = None
@@ -161,7 +168,7 @@ class Builder:
     # -- inputs and constants
     def new_input(self, aval: Aval) -> Traced:
         # one Aval object per type, so rules are looked up by id (see _RULES_BY_ID)
-        v = Var(_AVALS.get(aval) or remember(_AVALS, aval, aval))
+        v = Var(_interned(aval))
         self.invars.append(v)
         return Traced(self, v)
 
@@ -171,7 +178,7 @@ class Builder:
         if hit is not None:
             return hit
         arr = np.asarray(value)
-        v = Var(aval_of(arr))
+        v = Var(_interned(aval_of(arr)))
         self.constvars.append(v)
         self.consts.append(arr)
         self._const_ids[key] = v
@@ -266,7 +273,7 @@ def bind(op: str, *args: Any, **params: Any) -> Any:
             return _evaluate(op, args, params)
     inputs = [a.atom if type(a) is Traced and a.builder is b else b.atom(a) for a in args]
     source = b.source_override or user_source(1)
-    # (Builder.emit, inlined: this is the path of every traced op)
+    # (Builder.emit, inlined: a call fewer on the path of every op bind_traced leaves to us)
     outs = [Var(a) for a in out_avals_of(op, [a.aval for a in inputs], params, source)]
     b.eqns.append(Eqn(op, inputs, outs, params, source))
     if OPS[op].multi_out:
