@@ -65,6 +65,32 @@ def test_outer_product_matmul_is_exact():
         _same(ir.program(graph)([x, y]), [np.matmul(x, y)], str(dt))
 
 
+def test_2d_matmul_is_bit_identical_for_every_layout_and_special_value():
+    """The Program calls np.dot on contiguous 2-d operands (cheaper to call than np.matmul,
+    the same BLAS call) and np.matmul on the rest: both match the reference bit for bit."""
+    rng = np.random.default_rng(3)
+    graph_of = {}
+    for trial in range(300):
+        dt = (np.float32, np.float64)[trial % 2]
+        m, k, n = (int(d) for d in rng.integers(1, 40, size=3))
+        k += 1                                    # K = 1 takes the outer-product path
+        a = rng.standard_normal((m, k)).astype(dt)
+        b = rng.standard_normal((k, n)).astype(dt)
+        if trial % 3 == 0:
+            a.flat[rng.integers(0, a.size)] = (np.nan, np.inf, -0.0)[trial % 9 // 3]
+            b.flat[rng.integers(0, b.size)] = -np.inf
+        views = [(a, b), (np.asfortranarray(a), b), (a, b.T.copy().T),
+                 (np.repeat(a, 2, axis=1)[:, ::2], b), (a, np.repeat(b, 2, axis=0)[::2])]
+        key = (dt, m, k, n)
+        if key not in graph_of:
+            graph_of[key] = ir.program(tg.make_ir(lambda x, y: x @ y)(a, b))
+        for x, y in views:
+            with np.errstate(all="ignore"):
+                got, want = graph_of[key]([x, y])[0], np.matmul(x, y)
+            _same([got], [want], f"{key} {x.strides} {y.strides}")
+            np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_program_matches_reference_on_random_programs_and_gradients(seed):
     rng = np.random.default_rng(seed)

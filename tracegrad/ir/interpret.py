@@ -69,6 +69,18 @@ def _outer(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
+def _dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """2-d float matmul. On contiguous operands (C or Fortran order) np.matmul and np.dot
+    make the same BLAS call, and np.dot costs less than half as much to call; on others
+    np.matmul may run its own loop, so it runs."""
+    if a.flags.forc and b.flags.forc:
+        return _np_dot(a, b)
+    return _np_matmul(a, b)
+
+
+_np_dot, _np_matmul = np.dot, np.matmul
+
+
 def _fast_fn(e: Any) -> Callable | None:
     """A numpy function computing `e` exactly as its reference does, or None."""
     op, p = e.op, e.params
@@ -89,6 +101,8 @@ def _fast_fn(e: Any) -> Callable | None:
         a, b = e.inputs[0].aval.shape, e.inputs[1].aval.shape
         if len(a) == 2 and len(b) == 2 and a[1] == 1:
             return _outer
+        if len(a) == 2 and len(b) == 2 and out.dtype.kind == "f":
+            return _dot
         return np.matmul
     if op == "reshape":
         shape = tuple(p["shape"])
