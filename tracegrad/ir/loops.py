@@ -70,11 +70,11 @@ def _uses(order: Sequence[Eqn], outvars: Sequence[Atom]) -> dict[int, int]:
     return uses
 
 
-def _read_after(order: Sequence[Eqn], end: int, outvars: Sequence[Atom]) -> set[int]:
-    """The variables read by `order[end:]` or the outputs."""
-    read = {a.id for a in outvars if type(a) is Var}
-    read.update([a.id for e in order[end:] for a in e.inputs if type(a) is Var])
-    return read
+def _last_uses(order: Sequence[Eqn], outvars: Sequence[Atom]) -> dict[int, int]:
+    """Per variable, the position in `order` of its last reader (len(order) for outputs)."""
+    last = {a.id: pos for pos, e in enumerate(order) for a in e.inputs if type(a) is Var}
+    last.update({a.id: len(order) for a in outvars if type(a) is Var})
+    return last
 
 
 def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
@@ -101,6 +101,7 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
         nxt[i] = seen.get(keys[i], n)
         seen[keys[i]] = i
     sunk: set[int] = set()
+    last_use: dict[int, int] | None = None
     failed: dict[tuple[int, int], int] = {}   # (key, period) -> end of the run that failed
     out: list[Eqn] = []
     i = 0
@@ -133,8 +134,9 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
                         else:
                             blocks = kept
                 if flow is not None:
-                    out.append(_scan_eqn(blocks, flow, _read_after(order, end, graph.outvars),
-                                         key_of))
+                    if last_use is None:
+                        last_use = _last_uses(order, graph.outvars)
+                    out.append(_scan_eqn(blocks, flow, last_use, end, key_of))
                     for blk in blocks:   # now inside a scan: never moved into another
                         for e in blk:
                             for v in e.outvars:
@@ -282,10 +284,10 @@ def _flow(blocks: list[list[Eqn]]) -> tuple | None:
     return plan, consts, xs, carries
 
 
-def _scan_eqn(blocks: list[list[Eqn]], flow: tuple, read_after: set[int],
+def _scan_eqn(blocks: list[list[Eqn]], flow: tuple, last_use: dict[int, int], end: int,
               key_of: dict[int, int]) -> Eqn:
-    """The scan equation computing `blocks`; its per-step outputs are the values in
-    `read_after` (read after the loop)."""
+    """The scan equation computing `blocks`; its per-step outputs are the values read at
+    position `end` of the order or later (after the loop)."""
     plan, consts, xs, carries = flow
     reps = len(blocks)
     first, last = blocks[0], blocks[-1]
@@ -293,7 +295,8 @@ def _scan_eqn(blocks: list[list[Eqn]], flow: tuple, read_after: set[int],
     for j in range(len(first)):
         for o in range(len(first[j].outvars)):
             k_from = reps - 1 if (j, o) in carries else reps
-            if any(blocks[k][j].outvars[o].id in read_after for k in range(k_from)):
+            if any(last_use.get(blocks[k][j].outvars[o].id, -1) >= end
+                   for k in range(k_from)):
                 ys.append((j, o))
     const_at = {vid: k for k, vid in enumerate(consts)}
     shape = (tuple([key_of[id(e)] for e in first]),
