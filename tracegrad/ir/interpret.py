@@ -55,8 +55,8 @@ _UFUNC = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maxim
           "cos": np.cos, "tan": np.tan, "tanh": np.tanh, "sqrt": np.sqrt, "neg": np.negative,
           "abs": np.abs, "sign": np.sign, "not": np.logical_not}
 _FLOAT_ONLY = {"div": np.divide, "pow": np.power}
-_REDUCE = {"reduce_sum": np.sum, "reduce_max": np.max, "reduce_min": np.min,
-           "reduce_prod": np.prod}
+_REDUCE = {"reduce_sum": np.add.reduce, "reduce_max": np.maximum.reduce,   # what np.sum...
+           "reduce_min": np.minimum.reduce, "reduce_prod": np.multiply.reduce}  # call
 _CREATE = {"full", "iota"}
 
 
