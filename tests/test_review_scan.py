@@ -1,9 +1,8 @@
 """Review of the scan primitive, loop rolling and scan's VJP: minimal failing cases found by
-differential testing (rolled vs unrolled). Each is marked xfail(strict) until fixed."""
+differential testing (rolled vs unrolled), each failing before its fix."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import tracegrad as tg
 from tracegrad import ir
@@ -22,9 +21,6 @@ def _roll_off_and_on(fn):
     return got, want
 
 
-@pytest.mark.xfail(strict=True, reason="loops._sink moves an equation reached along two paths "
-                   "of its work list into every block twice (the second copy ahead of what it "
-                   "reads): _body raises KeyError")
 def test_grad_of_a_loop_reading_a_per_step_value_twice():
     W, xs, h0 = np.eye(3) * 0.5, np.linspace(-1, 1, 18).reshape(6, 1, 3), np.ones((1, 3))
 
@@ -40,7 +36,6 @@ def test_grad_of_a_loop_reading_a_per_step_value_twice():
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.xfail(strict=True, reason="same _sink bug: exp(xs[t]) read by two equations")
 def test_rolled_graph_of_a_loop_sharing_a_per_step_value_verifies():
     W, xs, h0 = np.eye(3) * 0.5, np.linspace(-1, 1, 18).reshape(6, 1, 3), np.ones((1, 3))
 
@@ -59,9 +54,6 @@ def test_rolled_graph_of_a_loop_sharing_a_per_step_value_verifies():
                                rtol=1e-12)
 
 
-@pytest.mark.xfail(strict=True, reason="_EQN_KEYS is cleared when it grows past 2**16 but "
-                   "_BODIES, keyed by those small ints, is not: a later loop of other ops gets "
-                   "a stale body")
 def test_bodies_are_not_reused_after_the_equation_key_table_is_cleared():
     W = np.random.default_rng(0).standard_normal((3, 3)) / 2
     h0 = np.ones((1, 3))

@@ -8,6 +8,8 @@ per body (its linearisation for the VJP, its interpreter template) is done once 
 from __future__ import annotations
 
 import collections
+import itertools
+import math
 from typing import Any, Sequence
 
 from . import emit as E
@@ -19,7 +21,8 @@ from .passes import _frozen_params
 
 _UNROLLABLE = {"custom_vjp_call"}     # runs user code when differentiated: left as traced
 _BODIES: dict[Any, Graph] = {}       # the body's structure -> the one graph of it
-_EQN_KEYS: dict[Any, int] = {}       # an equation up to its input variables -> a small int
+_EQN_KEYS: dict[Any, int] = {}       # an equation up to its input variables -> an int
+_KEY_INTS = itertools.count()        # atomic: threads rolling at once never share an int
 
 
 def _depths(eqns: Sequence[Eqn]) -> list[int]:
@@ -44,6 +47,7 @@ def _key_table(order: Sequence[Eqn]) -> list[int]:
     """Per equation a small int, equal for equations equal up to the identity of their input
     variables."""
     table = _EQN_KEYS
+    get = table.get
     keys = []
     for pos, e in enumerate(order):
         op = e.op
@@ -54,13 +58,25 @@ def _key_table(order: Sequence[Eqn]) -> list[int]:
         k = (op, tuple([a.aval if type(a) is Var else a.key() for a in e.inputs]),
              outs[0].aval if len(outs) == 1 else tuple([v.aval for v in outs]))
         try:     # params as given (equal dicts listed in another order only miss a roll)
-            keys.append(table.setdefault((k, tuple(e.params.items())), len(table)))
+            k = (k, tuple(e.params.items()) if op != "full" else _full_params(e.params))
+            n = get(k)
         except TypeError:
             try:
-                keys.append(table.setdefault((k, _frozen_params(e.params)), len(table)))
+                k = (k, _frozen_params(e.params))
+                n = get(k)
             except TypeError:      # params that cannot be hashed
                 keys.append(-1 - pos)
+                continue
+        if n is None:   # ints are never handed out twice (bodies are keyed by them)
+            n = table[k] = next(_KEY_INTS)
+        keys.append(n)
     return keys
+
+
+def _full_params(params: dict) -> tuple:
+    """`full`'s params with the sign of a zero value told apart (-0.0 == 0.0)."""
+    v = params.get("value")
+    return tuple(params.items()) + ((math.copysign(1.0, v),) if type(v) is float else ())
 
 
 def _uses(order: Sequence[Eqn], outvars: Sequence[Atom]) -> dict[int, int]:
@@ -102,6 +118,7 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
         seen[keys[i]] = i
     sunk: set[int] = set()
     last_use: dict[int, int] | None = None
+    position: dict[int, int] | None = None
     failed: dict[tuple[int, int], int] = {}   # (key, period) -> end of the run that failed
     out: list[Eqn] = []
     i = 0
@@ -125,7 +142,9 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
                     flow = _flow(blocks)
                 if flow is not None:    # move the steps' own work on their inputs in
                     kept = [list(blk) for blk in blocks]
-                    moved = _sink(flow[2], blocks, producer, key_of, uses)
+                    if position is None:
+                        position = {id(e): k for k, e in enumerate(order)}
+                    moved = _sink(flow[2], blocks, producer, key_of, uses, position)
                     if moved:
                         deeper = _flow(blocks)
                         if deeper is not None:
@@ -191,33 +210,42 @@ def _rotate(blocks: list[list[Eqn]], order: list[Eqn], end: int,
 
 
 def _sink(xs: list[list[Atom]], blocks: list[list[Eqn]], producer: dict[int, Eqn],
-          key_of: dict[int, int], uses: dict[int, int]) -> list[Eqn]:
+          key_of: dict[int, int], uses: dict[int, int], position: dict[int, int]
+          ) -> list[Eqn]:
     """Prepend to each block the equations made before the loop whose results only that
     block reads, alike in every block (`xs[t] @ U` sorted ahead of the loop moves into the
-    body, then what made its `xs[t]`...). Returns the equations moved."""
-    moved: list[Eqn] = []
+    body, then what made its `xs[t]`...), in the order they had. Returns those moved."""
+    groups: list[list[Eqn]] = []          # per equation moved: it in every block
+    extra: list[list[Eqn]] = [[] for _ in blocks]
+    seen: set[int] = set()
     work = list(xs)
     while work:
         atoms = work.pop()
         made = [producer.get(a.id) for a in atoms]
-        if any(e is None or len(e.outvars) != 1 for e in made):
-            continue
+        if any(e is None or len(e.outvars) != 1 or id(e) in seen for e in made):
+            continue                      # not made alike, or moved already
         key = key_of[id(made[0])]
         if key < 0 or any(key_of[id(e)] != key for e in made) or \
                 len({id(e) for e in made}) != len(made):
             continue
-        if not all(uses[a.id] == 1 or uses[a.id] == sum(1 for e in blk for b in e.inputs
-                                                          if b is a)
-                   for a, blk in zip(atoms, blocks)):
+        if not all(uses[a.id] == 1 or uses[a.id] == sum(
+                1 for e in blk + ext for b in e.inputs if b is a)
+                for a, blk, ext in zip(atoms, blocks, extra)):
             continue
-        for blk, e in zip(blocks, made):
-            blk.insert(0, e)
-        moved += made
+        seen.update(id(e) for e in made)
+        groups.append(made)
+        for ext, e in zip(extra, made):
+            ext.append(e)
         for q in range(len(made[0].inputs)):
             ins = [e.inputs[q] for e in made]
             if type(ins[0]) is Var and any(a is not ins[0] for a in ins):
                 work.append(ins)
-    return moved
+    if not groups:
+        return []
+    groups.sort(key=lambda g: position[id(g[0])])     # producers before their readers
+    for k, blk in enumerate(blocks):
+        blk[:0] = [g[k] for g in groups]
+    return [e for g in groups for e in g]
 
 
 def _flow(blocks: list[list[Eqn]]) -> tuple | None:
@@ -254,6 +282,8 @@ def _flow(blocks: list[list[Eqn]]) -> tuple | None:
                 continue
             c = get(a0.id)
             if c is not None:            # made earlier in the same block (block 0, so c < stride)
+                if c // width >= j:
+                    return None          # read before it is made: not a block in order
                 for k in range(1, reps):
                     if get(blocks[k][j].inputs[q].id) != c + k * stride:
                         return None
@@ -420,7 +450,8 @@ class _Linear:
                 flipped = []
                 for a in e.inputs:
                     t = producer.get(a.id) if type(a) is Var else None
-                    flip = t is not None and t.op == "transpose" and uses.get(a.id) == 1
+                    flip = t is not None and t.op == "transpose" and \
+                        tuple(t.params["perm"]) == (1, 0) and uses.get(a.id) == 1
                     bwd_outs.append(t.inputs[0] if flip else a)
                     flipped.append(flip)
                 self.terms.append((i, tuple(flipped)))
