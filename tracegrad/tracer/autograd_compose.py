@@ -10,6 +10,7 @@ so it costs a few microseconds per equation; its IR is built only if it gets hot
 compiled (`Plan.graph`)."""
 from __future__ import annotations
 
+import importlib
 from operator import itemgetter
 from typing import Any, Callable
 
@@ -22,7 +23,7 @@ from ..ir.ops import OPS
 from ..ir.rules import VJP
 from .autograd_graph import instantiate
 
-_interp = __import__("importlib").import_module("tracegrad.ir.interpret")
+_interp = importlib.import_module("tracegrad.ir.interpret")    # (ir.interpret: a function)
 _step_fn = _interp._step_fn     # the numpy function ir.Program runs for an equation
 
 _recipes: dict = {}     # template sig id -> forward recipe (None: not plannable)
@@ -31,7 +32,7 @@ _synthetic: dict = {}   # (op, input avals, params) -> (step fn, equation descri
 TEMPLATE_LIMIT = 4096
 _CREATE = ("full", "iota")
 # step functions that always return a new array (any other output is copied when returned)
-_FRESH = {*_interp._UFUNC.values(), np.divide, np.power, np.matmul, _interp._outer}
+_FRESH = {*getattr(_interp, "_UFUNC", {}).values(), np.divide, np.power, np.matmul}
 
 
 class NoTemplate(Exception):
@@ -87,9 +88,8 @@ def vjp_walk(eqns: list, args: list, out_vars: list, b: Any, env: dict, gouts: d
 
 def _backward_template(tpl: tuple, needs: tuple, has_ct: tuple) -> tuple | None:
     """(cotangent vars per output, equations, gradient atom or None per input, per equation
-    (the forward op it is the backward of, whether it reads no cotangent, whether it is a
-    2-d matmul making a contribution, whether it is a 2-d transpose)) for template `tpl`, or
-    None if it captured constants."""
+    (the forward op it is the backward of, whether it reads no cotangent)) for template
+    `tpl`, or None if it captured constants."""
     in_ids, teqns, touts = tpl[0], tpl[1], tpl[2]
     outs = [v for v in touts if v is not None]
     by_id = {v.id: v for e in teqns for v in e.inputs if not isinstance(v, Lit)}
@@ -119,11 +119,7 @@ def _backward_template(tpl: tuple, needs: tuple, has_ct: tuple) -> tuple | None:
         if not p:
             reads_ct.update(v.id for v in e.outvars)
         pure.append(p)
-    # which make a contribution a merge may sum (see _Backward)
-    mm = [e.op == "matmul" and not p and len(e.inputs[0].aval.shape) == 2
-          and len(e.inputs[1].aval.shape) == 2 for e, p in zip(eqns, pure, strict=True)]
-    tr = [e.op == "transpose" and tuple(e.params["perm"]) == (1, 0) for e in eqns]
-    return cts, eqns, atoms, list(zip(ops, pure, mm, tr, strict=True))
+    return cts, eqns, atoms, list(zip(ops, pure, strict=True))
 
 
 # ---- recipes ---------------------------------------------------------------------------------
@@ -235,7 +231,7 @@ class _Backward:
             for j, a in enumerate(e.inputs):
                 if type(a) is Var:
                     reads.setdefault(a.id, []).append((i, j))
-        kinds = [SHARED if p else PLAIN for _, p, _, _ in infos]
+        kinds = [SHARED if p else PLAIN for _, p in infos]
         for i, e in enumerate(eqns):
             out = e.outvars[0].id
             if e.op == "matmul" and kinds[i] == PLAIN and e.inputs[0].aval.ndim == 2 and \
@@ -248,7 +244,7 @@ class _Backward:
                     out in reads and out not in grad_ids and \
                     all(kinds[r] == PRODUCT and j == 0 for r, j in reads[out]):
                 kinds[i] = FLIP
-        self.infos = [(op, kind) for (op, _, _, _), kind in zip(infos, kinds, strict=True)]
+        self.infos = [(op, kind) for (op, _), kind in zip(infos, kinds, strict=True)]
 
 
 def _forward_recipe(tpl: tuple) -> _Forward | None:
@@ -270,11 +266,15 @@ def _backward_recipe(tpl: tuple, fwd: _Forward, needs: tuple, has_ct: tuple) -> 
         if len(_brecipes) > TEMPLATE_LIMIT:
             _brecipes.clear()
         bt = _backward_template(tpl, needs, has_ct)
-        if bt is None:
-            raise NoTemplate
-        bwd = _brecipes[key] = _Backward(fwd, bt)
-        if bwd.steps is None:
-            raise NoTemplate
+        try:
+            bwd = _Backward(fwd, bt) if bt is not None else False
+        except NoTemplate:
+            bwd = False
+        if bwd is not False and bwd.steps is None:
+            bwd = False
+        _brecipes[key] = bwd
+    if bwd is False:
+        raise NoTemplate
     return bwd
 
 
@@ -473,7 +473,7 @@ class _Composer:
         else:
             needs = tuple([e[1] is not None for e in args])
         bwd = _brecipes.get((tpl[4], needs, has_ct))
-        if bwd is None:
+        if not bwd:
             bwd = _backward_recipe(tpl, _recipes.get(tpl[4]) or _forward_recipe(tpl), needs,
                                    has_ct)
         if bwd.consts:
