@@ -547,8 +547,13 @@ class _Composer:
         if len(terms) == 1:
             return self._slot(terms[0])
         products = [t for t in terms if type(t) is tuple]
-        if len(products) >= 3:
-            terms = [self._merge(products)] + [t for t in terms if type(t) is not tuple]
+        if len(products) >= 3:      # merged per operand types (batches may differ in size)
+            alike: dict[tuple, list] = {}
+            for t in products:
+                alike.setdefault((t[3].inputs[0].aval, t[3].inputs[1].aval), []).append(t)
+            merged = [self._merge(group) for group in alike.values() if len(group) >= 3]
+            terms = merged + [t for t in terms if type(t) is not tuple or
+                              len(alike[(t[3].inputs[0].aval, t[3].inputs[1].aval)]) < 3]
         total = self._slot(terms[0])
         fn, te = _synth("add", (aval, aval))
         for t in terms[1:]:

@@ -51,6 +51,8 @@ class Walk:
 
     def _input(self, var: Var, val: Any, gsrc: Any) -> int:
         k = self.slots.get(var.id)
+        if k is not None and gsrc is not None and self.in_gsrc[k] is None:
+            raise Bail      # read without a gradient first, now with one: node by node
         if k is None:
             k = self.slots[var.id] = len(self.in_vars)
             self.in_vars.append(var)
@@ -483,8 +485,8 @@ def grad_walk(roots: list[Node]) -> Walk | None:
                 in_gsrc.append(gsrc)
                 append(k if gsrc is None else k | _WRT)
                 continue
-            if gsrc is None and in_gsrc[k] is not None:
-                raise Bail    # a no-grad use of a differentiable value
+            if (gsrc is None) != (in_gsrc[k] is None):
+                raise Bail    # read both with and without a gradient
             append(k)
         n.w = i
         i += 1

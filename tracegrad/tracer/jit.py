@@ -20,16 +20,19 @@ from .trace import leaf_values, trace, tracing
 log = logging.getLogger("tracegrad")
 
 
-_UNFLATTENERS: dict[TreeDef, Callable] = {}   # made by eval (~0.1 ms): once per output tree
+_UNFLATTENERS: dict[Any, Callable] = {}   # made by eval (~0.1 ms): once per output tree
 
 
 def _unflattener(tree: TreeDef) -> Callable:
+    # keyed with the tree's text too: equal trees may differ in the types of their dict keys
+    # (1, 1.0, True), which the unflattener rebuilds
     try:
-        fn = _UNFLATTENERS.get(tree)
+        key = (tree, repr(tree))
+        fn = _UNFLATTENERS.get(key)
     except TypeError:     # a registered node type with unhashable metadata
         return unflattener(tree)
     if fn is None:
-        fn = remember(_UNFLATTENERS, tree, unflattener(tree), 1024)
+        fn = remember(_UNFLATTENERS, key, unflattener(tree), 1024)
     return fn
 
 

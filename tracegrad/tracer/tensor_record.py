@@ -155,8 +155,8 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
             raise _MixedTrace
         if isinstance(a, slice):
             desc.append((a.start, a.stop, a.step))
-        else:   # 1, 1.0 and True hash alike but emit different IR
-            desc.append((type(a), a))
+        else:   # 1, 1.0 and True hash alike but emit different IR; so do 0.0 and -0.0
+            desc.append(_scalar_key(a))
         return a
 
     try:
@@ -281,13 +281,19 @@ def _fast_key(fn: Callable, name: str, args: tuple) -> tuple | None:
                 key.append(aval.shape)
                 key.append(aval.dtype)
         elif type(a) in _SCALARS and name != "Dropout":
-            key.append((type(a), a))
+            key.append(_scalar_key(a))
         else:
             return None
     return tuple(key), tensors
 
 
 _SCALARS = (float, int, bool)
+
+
+def _scalar_key(a: Any) -> Any:
+    """A key telling apart what emits different IR: 1, 1.0 and True (equal, one hash), and
+    floats by their bits (0.0 == -0.0; NaN != NaN)."""
+    return (type(a), float(a).hex()) if isinstance(a, float) else (type(a), a)
 
 
 def record_unary(fn: Callable, name: str, a: Tensor, depth: int = 2) -> Any:
@@ -396,12 +402,14 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
             node._saved = ()
         elif saves is _IO and not mode.saved_hooks:     # (0, 1): matmul, mul, div ...
             a, b = args
-            if type(a) is Tensor and type(b) is Tensor and (b._rg or name != "Mul" and
-                                                             name != "Div") and \
+            if type(a) is Tensor and type(b) is Tensor and \
                     (a._x is None or not a._x.get("inference")) and \
                     (b._x is None or not b._x.get("inference")):
                 va, vb = a._vc, b._vc
-                node._saved = ((a, a._var, va, va[0], 0), (b, b._var, vb, vb[0], 1))
+                keep_a = b._rg or name not in _EITHER and name != "Div"
+                keep_b = a._rg or name not in _EITHER
+                node._saved = (((a, a._var, va, va[0], 0),) if keep_a else ()) + \
+                    (((b, b._var, vb, vb[0], 1),) if keep_b else ())
             else:
                 _save(node, name, args, t, saves)
         elif saves is _RESULT and not mode.saved_hooks:
@@ -526,6 +534,17 @@ def _needs_grad(a: Any) -> bool:
     return isinstance(a, Tensor) and a._rg
 
 
+_EITHER = {"Mul", "Mm", "Dot", "Matmul"}    # x's gradient reads only y, y's only x
+
+
+def _unneeded(name: str, s: int, args: tuple) -> bool:
+    """Operand `s` of a binary op is read only by the other operand's gradient, which
+    nobody needs: torch does not save it (so it may change in place before backward)."""
+    if name in _EITHER and s in (0, 1) and len(args) == 2:
+        return not _needs_grad(args[1 - s])
+    return name == "Div" and s == 0 and not _needs_grad(args[1])
+
+
 def _save(node: Node, name: str, args: tuple, result: Tensor | None,
           slots: tuple | None = None) -> None:
     """Keep what the op's backward reads (see autograd_graph.SAVED). Without
@@ -547,8 +566,8 @@ def _save(node: Node, name: str, args: tuple, result: Tensor | None,
                              if hooks is not None else (None, result._var, vc, vc[0], s))
         elif s < len(args) and isinstance(args[s], Tensor):
             t = args[s]
-            if s == 0 and (name == "Mul" or name == "Div") and not _needs_grad(args[1]):
-                continue    # d(x*c)/dc is not needed: x need not be kept
+            if _unneeded(name, s, args):
+                continue    # d(x*c)/dc is not needed: x need not be kept (as torch)
             if t._x is not None and t._x.get("inference"):
                 raise RuntimeError(
                     "Inference tensors cannot be saved for backward. Please do not use Tensors "
