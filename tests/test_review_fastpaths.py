@@ -82,3 +82,22 @@ def test_operand_not_needed_for_backward_may_change_in_place():
         v.mul_(2)
     z.backward()        # PyTorch: fine (MulBackward keeps only c)
     np.testing.assert_allclose(v.grad.numpy(), [3.0, 4.0])
+
+
+def test_user_file_named_like_the_package_keeps_its_source_lines():
+    """A user file next to the package whose name starts with "tracegrad" is user code."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(tg.__file__)))
+    path = os.path.join(root, f"tracegrad_probe_{os.getpid()}.py")
+    with open(path, "w") as f:
+        f.write("import numpy as np, tracegrad as tg\n"
+                "g = tg.make_ir(lambda x: tg.sin(x) * 2.0)(np.ones(3))\n"
+                "print(g.pretty(source=True))\n")
+    try:
+        out = subprocess.run([sys.executable, path], capture_output=True, text=True,
+                             timeout=120)
+    finally:
+        os.remove(path)
+    assert f"{os.path.basename(path)}:2" in out.stdout, out.stdout + out.stderr

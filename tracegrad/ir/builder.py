@@ -16,7 +16,7 @@ import numpy as np
 from .core import Atom, Aval, Eqn, Graph, Lit, Var, aval_of, remember
 from .ops import OPS, DTypeError, ShapeError
 
-_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep   # ".../tracegrad/"
 
 
 class TracingError(RuntimeError):
