@@ -6,7 +6,6 @@ kept as a template, so an op seen before is recorded without making any IR (the 
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import threading
 from typing import Any, Callable
@@ -14,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..ir import core as _core
-from ..ir.builder import _PKG_DIR, Builder, Traced
+from ..ir.builder import _CODE_SITES, Builder, Traced, user_source
 from ..ir.builder import _state as _trace_state
 from ..ir.core import Aval, Lit, Var
 from .autograd_graph import SAVED, Inplace, Node, SavedTensor
@@ -177,7 +176,7 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
             tpl = _templates.get(sig)
         except TypeError:       # an argument that cannot be hashed: no signature
             sig = None
-    source = _user_line()
+    source = user_source(1)
     if tpl is not None:     # seen before: copy the recorded IR instead of re-deriving it
         out_vars = _out_vars(tpl[2])
         eqns = None
@@ -329,7 +328,7 @@ def record_binary(fn: Callable, name: str, a: Any, b: Any, depth: int = 2) -> An
 def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
             depth: int = 4) -> Any:
     """Record an op whose fast key was seen before: no IR is made until it is needed. The
-    user's line is looked for from `depth` frames above `_user_line`."""
+    user's line is looked for from `depth - 1` frames above this function."""
     tpl, gname, saves, aval, float_out, sig = hit
     entries = []
     requires = False
@@ -353,7 +352,7 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
     if aval is None:
         out_vars = _out_vars(tpl[2])
         node = Node(None, entries, [v for v in out_vars if v is not None], False, "", tpl,
-                    _user_line(depth))
+                    user_source(depth - 1))
         results = _results(node, out_vars, requires)
         node.sig = sig + node.grad
         if node.grad:
@@ -372,13 +371,10 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
     node = _new(Node)
     node._eqns = None
     node.tpl = tpl
-    f = sys._getframe(depth - 1)     # the user's line: as _user_line, the common case inline
-    code = f.f_code
-    if _code_inside.get(id(code)) is False:
-        line = _sites[id(code)].get(f.f_lasti)
-        node.src = line if line is not None else _user_line(depth)
-    else:
-        node.src = _user_line(depth)
+    f = sys._getframe(depth - 1)     # the user's line: user_source's common case inline
+    info = _CODE_SITES.get(id(f.f_code))
+    line = info[1].get(f.f_lasti) if info else None
+    node.src = line if line is not None else user_source(depth - 1)
     node.args = entries
     node.out_vars = [v]
     node.values = None
@@ -441,45 +437,6 @@ def _out_vars(touts: list) -> list:
             o = made[v.id] = Var(v.aval)
         out.append(o)
     return out
-
-
-_code_inside: dict[int, bool] = {}  # id(code object) -> whether it belongs to tracegrad
-_sites: dict[int, dict] = {}        # id(user code object) -> {instruction offset: "file:line"}
-_codes: list = []                   # the code objects above, kept so their ids stay theirs
-
-
-def _user_line(depth: int = 2) -> str | None:
-    """`user_source()` made cheap for every recorded op: which code objects are tracegrad's,
-    and the `file:line` of each call site, are remembered. Starts `depth` frames up. Code
-    objects are keyed by id (hashing one hashes its constants); a call site by its
-    instruction offset (`f_lineno` decodes the line table)."""
-    f = sys._getframe(depth)
-    while f is not None:
-        code = f.f_code
-        inside = _code_inside.get(id(code))
-        if inside is None:
-            inside = _learn(code)
-        if not inside:
-            sites = _sites[id(code)]
-            line = sites.get(f.f_lasti)
-            if line is None:
-                line = sites[f.f_lasti] = f"{os.path.basename(code.co_filename)}:{f.f_lineno}"
-            return line
-        f = f.f_back
-    return None
-
-
-def _learn(code: Any) -> bool:
-    if len(_codes) > 4096:
-        _code_inside.clear()
-        _sites.clear()
-        _codes.clear()
-    _codes.append(code)
-    fn = code.co_filename
-    inside = _code_inside[id(code)] = fn.startswith(_PKG_DIR) or fn.startswith("<frozen")
-    if not inside:
-        _sites[id(code)] = {}
-    return inside
 
 
 TEMPLATE_LIMIT = 4096
