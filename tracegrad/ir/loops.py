@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from . import emit as E
 from .builder import Builder, Traced
 from .core import Atom, Aval, Eqn, Graph, Lit, Var, is_float, remember
-from .passes import _frozen_params
+from .passes import _frozen_params, dce
 
 # ---- rolling -----------------------------------------------------------------------------------
 
@@ -398,7 +398,7 @@ class _Linear:
     (invariants, carry cotangents, per step: residuals, output cotangents) ->
     (carry cotangents, per step: constant gradient terms, input gradients). `pre` computes the
     loop invariants the backward step reads (`W.T`) once, from the constants."""
-    __slots__ = ("body", "fwd", "bwd", "pre", "res", "inv", "terms", "x_grads", "n_ct_y")
+    __slots__ = ("body", "fwd", "bwd", "pre", "res", "inv", "terms", "x_grads")
 
     def __init__(self, body: Graph, n_consts: int, n_carry: int, need: tuple, has_ct: tuple):
         self.body = body     # kept alive: the cache is keyed by its id
@@ -427,16 +427,10 @@ class _Linear:
         primal_outs = lin.outvars[:n_out]
         grad_outs = dict(zip(wrt, lin.outvars[n_out:]))
         # the backward step's results: carry cotangents, constant terms, input gradients
-        uses: dict[int, int] = {}
-        for e in lin.eqns:
-            for a in e.inputs:
-                if type(a) is Var:
-                    uses[a.id] = uses.get(a.id, 0) + 1
-        for a in lin.outvars:
-            if type(a) is Var:
-                uses[a.id] = uses.get(a.id, 0) + 1
+        uses = _uses(lin.eqns, lin.outvars)
         bwd_outs: list[Atom] = [grad_outs[i] for i in range(C, C + K) if need[i]]
-        self.terms: list[tuple[int, str]] = []     # per const needing a gradient
+        # per const needing a gradient: (its index, "sum" or which matmul operands are flipped)
+        self.terms: list[tuple[int, Any]] = []
         for i in range(C):
             if not need[i]:
                 continue
@@ -492,20 +486,13 @@ class _Linear:
         for i in range(len(body.outvars)):
             if has_ct[i]:
                 (ct_carry if i < K else ct_ys).append(next(ct_iter))
-        self.n_ct_y = len(ct_ys)
         self.bwd = _subgraph(lin, bwd_eqns, inv + ct_carry + res + ct_ys, bwd_outs,
                              inputs_only=True)
 
 
 def _needed(eqns: list[Eqn], outs: Sequence[Atom]) -> list[Eqn]:
-    used = {a.id for a in outs if type(a) is Var}
-    kept = []
-    for e in reversed(eqns):
-        if any(v.id in used for v in e.outvars):
-            kept.append(e)
-            used.update(a.id for a in e.inputs if type(a) is Var)
-    kept.reverse()
-    return kept
+    """The equations of `eqns` that `outs` need."""
+    return dce(Graph([], eqns, list(outs))).eqns
 
 
 def _subgraph(lin: Graph, eqns: list[Eqn], invars: list, outvars: list,
