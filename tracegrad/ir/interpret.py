@@ -227,12 +227,8 @@ class Program:
                 slots[e.outvars[0].id] = new(val.reshape(e.outvars[0].aval.shape))
                 continue
             ins = tuple([slot_of(a) for a in e.inputs])
-            if e.op == "scan":
-                for v, k in zip(e.outvars, _unroll(e, ins, init, steps)):
-                    slots[v.id] = k
-                continue
             multi = OPS[e.op].multi_out
-            fn = _step_fn(e, multi)
+            fn = _scan_fn(e) if e.op == "scan" else _step_fn(e, multi)
             outs = tuple([new() for _ in e.outvars])
             for v, k in zip(e.outvars, outs):
                 slots[v.id] = k
@@ -268,30 +264,53 @@ class Program:
         return [np.array(env[k]) for k in self.outs]
 
 
-def _unroll(e: Any, ins: tuple, init: list, steps: list) -> list[int]:
-    """Append the steps of a scan, its body's Program repeated per iteration over fresh slots;
-    returns the slots of the scan's outputs."""
+def _scan_fn(e: Any) -> Callable:
+    """A step running a scan as a loop over its body's Program (built once per body): the
+    body's steps run in one list of slots per call, the ys collected and stacked at the end."""
     p = e.params
-    body, n_c, n_k = p["body"], p["n_consts"], p["n_carry"]
-    prog = program(body)
+    prog = program(p["body"])
+    n_c, n_k, n = p["n_consts"], p["n_carry"], p["length"]
     n_in = prog.n_in
-    n_x = n_in - n_c - n_k
-    consts, carry, xs = list(ins[:n_c]), list(ins[n_c:n_c + n_k]), ins[n_c + n_k:]
-    local = prog.init[n_in:]
-    body_steps = prog.steps
-    ys: list[int] = []
-    add = steps.append
-    for t in range(p["length"]):
-        where = consts + carry + list(xs[t * n_x:(t + 1) * n_x])
-        where.extend(range(len(init), len(init) + len(local)))
-        init.extend(local)
-        at = where.__getitem__
-        for fn, s_ins, s_out, n in body_steps:
-            add((fn, tuple(map(at, s_ins)), at(s_out) if n >= 0 else tuple(map(at, s_out)), n))
-        outs = list(map(at, prog.outs))
-        carry = outs[:n_k]
-        ys += outs[n_k:]
-    return carry + ys
+    order = range(n - 1, -1, -1) if p.get("reverse") else range(n)
+    body_init, body_steps = prog.init, prog.steps
+    carry_out, y_out = prog.outs[:n_k], prog.outs[n_k:]
+    read = {i for step in prog.steps for i in step[1]} | set(prog.outs)
+    x_read = [k in read for k in range(n_c + n_k, n_in)]    # a step's unread inputs: skipped
+    x_slots = [k for k, r in zip(range(n_c + n_k, n_in), x_read) if r]
+    y_avals = [(v.aval.shape, v.aval.dtype) for v in e.outvars[n_k:]]
+    rev = bool(p.get("reverse"))
+
+    def run(*ins: np.ndarray) -> tuple:
+        env = list(body_init)
+        env[:n_c + n_k] = ins[:n_c + n_k]
+        xs = [x for x, r in zip(ins[n_c + n_k:], x_read) if r]
+        ys: list[list] = [[] for _ in y_out]
+        for t in order:
+            for k, x in zip(x_slots, xs):
+                env[k] = x[t] if x.ndim > 1 else x[t, ...]   # 0-d: an array, not a scalar
+            for fn, s_ins, out, m in body_steps:
+                if m == 1:
+                    env[out] = fn(env[s_ins[0]])
+                elif m == 2:
+                    env[out] = fn(env[s_ins[0]], env[s_ins[1]])
+                elif m >= 0:
+                    env[out] = fn(*[env[i] for i in s_ins])
+                else:
+                    for k, o in zip(out, fn(*[env[i] for i in s_ins])):
+                        env[k] = o
+            for y, k in zip(ys, y_out):
+                y.append(env[k])
+            env[n_c:n_c + n_k] = [env[k] for k in carry_out]
+        stacked = []
+        for y, (shape, dtype) in zip(ys, y_avals):
+            if rev:
+                y.reverse()
+            out = np.empty(shape, dtype)
+            for t, v in enumerate(y):
+                out[t] = v
+            stacked.append(out)
+        return (*[env[k] for k in range(n_c, n_c + n_k)], *stacked)
+    return run
 
 
 def program(graph: Graph) -> Program:

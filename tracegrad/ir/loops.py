@@ -15,6 +15,7 @@ from typing import Any, Sequence
 from . import emit as E
 from .builder import Builder, Traced
 from .core import Atom, Aval, Eqn, Graph, Lit, Var, is_float, remember
+from .fission import fission
 from .passes import _frozen_params, dce
 
 # ---- rolling -----------------------------------------------------------------------------------
@@ -121,6 +122,7 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
     position: dict[int, int] | None = None
     failed: dict[tuple[int, int], int] = {}   # (key, period) -> end of the run that failed
     out: list[Eqn] = []
+    rolled = False
     i = 0
     while i < n:
         p = nxt[i] - i
@@ -155,7 +157,9 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
                 if flow is not None:
                     if last_use is None:
                         last_use = _last_uses(order, graph.outvars)
-                    out.append(_scan_eqn(blocks, flow, last_use, end, key_of))
+                    out += _scan_eqns(blocks, flow, last_use, end, key_of, producer, uses,
+                                      sunk)
+                    rolled = True
                     for blk in blocks:   # now inside a scan: never moved into another
                         for e in blk:
                             for v in e.outvars:
@@ -165,7 +169,7 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
                 failed[(keys[i], p)] = i + reps * p   # its tails would fail the same way
         out.append(order[i])
         i += 1
-    if len(out) == n:
+    if not rolled:
         return graph
     if sunk:
         out = [e for e in out if id(e) not in sunk]
@@ -314,10 +318,12 @@ def _flow(blocks: list[list[Eqn]]) -> tuple | None:
     return plan, consts, xs, carries
 
 
-def _scan_eqn(blocks: list[list[Eqn]], flow: tuple, last_use: dict[int, int], end: int,
-              key_of: dict[int, int]) -> Eqn:
-    """The scan equation computing `blocks`; its per-step outputs are the values read at
-    position `end` of the order or later (after the loop)."""
+def _scan_eqns(blocks: list[list[Eqn]], flow: tuple, last_use: dict[int, int], end: int,
+               key_of: dict[int, int], producer: dict[int, Eqn], uses: dict[int, int],
+               dropped: set[int]) -> list[Eqn]:
+    """The equations computing `blocks`: the per-step inputs stacked, the scan, and the
+    per-step values read at position `end` of the order or later (after the loop) taken out of
+    its stacked outputs. Equations made dead (the steps' `xs[t]`) are added to `dropped`."""
     plan, consts, xs, carries = flow
     reps = len(blocks)
     first, last = blocks[0], blocks[-1]
@@ -336,17 +342,97 @@ def _scan_eqn(blocks: list[list[Eqn]], flow: tuple, last_use: dict[int, int], en
     body = _BODIES.get(shape)
     if body is None:
         body = remember(_BODIES, shape, _body(first, flow, ys), 1024)
-    inputs: list[Atom] = list(consts.values()) + list(carries.values())
-    for k in range(reps):
-        inputs += [atoms[k] for atoms in xs]
+    source = first[0].source
+    eqns: list[Eqn] = []
+    inside = collections.Counter([a.id for blk in blocks for e in blk for a in e.inputs
+                                  if type(a) is Var])
+    stacked = [_stack(atoms, producer, eqns, source) for atoms in xs]
+    still_read = {a.id for e in eqns for a in e.inputs if type(a) is Var}
+    for atoms in xs:      # the steps' own slices, read by no one else, are dead now
+        for a in atoms:
+            e = producer.get(a.id)
+            if e is not None and e.op == "slice" and uses.get(a.id) == inside[a.id] and \
+                    a.id not in still_read:
+                dropped.add(id(e))
+    inputs: list[Atom] = list(consts.values()) + list(carries.values()) + stacked
     outvars = [last[j].outvars[o] for j, o in carries]
-    for k in range(reps):
-        for j, o in ys:
+    taken: list[Eqn] = []
+    for j, o in ys:
+        a = first[j].outvars[o].aval
+        whole = Var(Aval((reps,) + a.shape, a.dtype))
+        outvars.append(whole)
+        for k in range((reps - 1) if (j, o) in carries else reps):
             v = blocks[k][j].outvars[o]
-            outvars.append(Var(v.aval) if k == reps - 1 and (j, o) in carries else v)
-    return Eqn("scan", inputs, outvars,
-               {"body": body, "length": reps, "n_consts": len(consts),
-                "n_carry": len(carries)}, first[0].source)
+            if last_use.get(v.id, -1) >= end:
+                index = ((k, k + 1, 1),) + tuple((0, d, 1) for d in a.shape)
+                part = Var(Aval((1,) + a.shape, a.dtype))
+                taken.append(Eqn("slice", [whole], [part], {"index": index}, source))
+                taken.append(Eqn("reshape", [part], [v], {"shape": a.shape}, source))
+    scan = Eqn("scan", inputs, outvars, {"body": body, "length": reps,
+                                         "n_consts": len(consts), "n_carry": len(carries)},
+               source)
+    return eqns + (fission(scan) or [scan]) + taken
+
+
+def _stack(atoms: list[Atom], producer: dict[int, Eqn], eqns: list[Eqn],
+           source: str | None) -> Var:
+    """The per-step values `atoms` as one array stacked along a new leading axis, made by
+    equations appended to `eqns`: one `slice` when they are slices of one array at evenly
+    spaced positions of one axis (`xs[t]`), else a concatenate of each."""
+    a = atoms[0].aval
+    n = len(atoms)
+    out = Aval((n,) + a.shape, a.dtype)
+    made = [producer.get(x.id) for x in atoms]
+    axis = _evenly_spaced(made)
+    if axis is not None:
+        k, start, step = axis
+        src = made[0].inputs[0]
+        index = list(made[0].params["index"])
+        index[k] = (start, start + n * step, step)
+        part_shape = a.shape[:k] + (n,) + a.shape[k + 1:]
+        part = Var(Aval(part_shape, a.dtype))
+        eqns.append(Eqn("slice", [src], [part], {"index": tuple(index)}, source))
+        if k:
+            perm = (k,) + tuple(i for i in range(len(a.shape)) if i != k)
+            moved = Var(Aval(tuple(part_shape[p] for p in perm), a.dtype))
+            eqns.append(Eqn("transpose", [part], [moved], {"perm": perm}, source))
+            part = moved
+        whole = Var(out)
+        eqns.append(Eqn("reshape", [part], [whole], {"shape": out.shape}, source))
+        return whole
+    one = Aval((1,) + a.shape, a.dtype)
+    parts = []
+    for x in atoms:
+        v = Var(one)
+        eqns.append(Eqn("reshape", [x], [v], {"shape": one.shape}, source))
+        parts.append(v)
+    whole = Var(out)
+    eqns.append(Eqn("concatenate", parts, [whole], {"axis": 0}, source))
+    return whole
+
+
+def _evenly_spaced(made: list[Eqn | None]) -> tuple[int, int, int] | None:
+    """(axis, start, step) when `made` are slices of one array equal but on one axis, where
+    each takes the one element start + t * step; else None."""
+    e0 = made[0]
+    if e0 is None or e0.op != "slice" or any(
+            e is None or e.op != "slice" or e.inputs[0] is not e0.inputs[0] for e in made):
+        return None
+    idx0 = e0.params["index"]
+    axes = [k for k in range(len(idx0)) if any(e.params["index"][k] != idx0[k] for e in made)]
+    if len(axes) != 1:
+        return None
+    k = axes[0]
+    starts = []
+    for e in made:
+        r = range(*e.params["index"][k])
+        if len(r) != 1:
+            return None
+        starts.append(r[0])
+    step = starts[1] - starts[0]
+    if step == 0 or any(b - a != step for a, b in zip(starts, starts[1:])):
+        return None
+    return k, starts[0], step
 
 
 def _body(first: list[Eqn], flow: tuple, ys: list[tuple[int, int]]) -> Graph:
@@ -396,9 +482,11 @@ class _Linear:
     """A scan body split for reverse mode. `fwd` is the body with residual outputs appended
     (the values the backward step reads), `bwd` the backward step, run in reverse order:
     (invariants, carry cotangents, per step: residuals, output cotangents) ->
-    (carry cotangents, per step: constant gradient terms, input gradients). `pre` computes the
-    loop invariants the backward step reads (`W.T`) once, from the constants."""
-    __slots__ = ("body", "fwd", "bwd", "pre", "res", "inv", "terms", "x_grads")
+    (carry cotangents, per step: constant gradient terms, input gradients), where `outs` says
+    of each per-step result whether the scan outputs it or it is one of the step's inputs.
+    `pre` computes the loop invariants the backward step reads (`W.T`) once, from the
+    constants."""
+    __slots__ = ("body", "fwd", "bwd", "pre", "res", "inv", "terms", "x_grads", "outs")
 
     def __init__(self, body: Graph, n_consts: int, n_carry: int, need: tuple, has_ct: tuple):
         self.body = body     # kept alive: the cache is keyed by its id
@@ -486,7 +574,25 @@ class _Linear:
         for i in range(len(body.outvars)):
             if has_ct[i]:
                 (ct_carry if i < K else ct_ys).append(next(ct_iter))
-        self.bwd = _subgraph(lin, bwd_eqns, inv + ct_carry + res + ct_ys, bwd_outs,
+        # a per-step result that is a per-step input of the backward step (a residual that is
+        # a matmul operand) is read from the stacked input itself: not an output of the scan
+        n_kc = sum(1 for i in range(C, C + K) if need[i])
+        step_in = {v.id: q for q, v in enumerate(res + ct_ys)}
+        self.outs: list[tuple[str, int]] = []     # per backward result after the carries
+        outs_kept = bwd_outs[:n_kc]
+        at: dict[int, int] = {}
+        for a in bwd_outs[n_kc:]:
+            q = step_in.get(a.id) if type(a) is Var else None
+            if q is not None:
+                self.outs.append(("in", q))
+            elif type(a) is Var and a.id in at:      # one output, however often it is read
+                self.outs.append(("out", at[a.id]))
+            else:
+                if type(a) is Var:
+                    at[a.id] = len(outs_kept) - n_kc
+                self.outs.append(("out", len(outs_kept) - n_kc))
+                outs_kept.append(a)
+        self.bwd = _subgraph(lin, bwd_eqns, inv + ct_carry + res + ct_ys, outs_kept,
                              inputs_only=True)
 
 
@@ -519,52 +625,46 @@ _LINEAR: dict[Any, _Linear] = {}
 
 
 def scan_vjp(gs: list, *ins: Traced, out: list, body: Graph, length: int, n_consts: int,
-             n_carry: int, need: tuple | None = None) -> tuple:
+             n_carry: int, reverse: bool = False, need: tuple | None = None) -> tuple:
     """The gradients of a scan's inputs: the forward scan keeps the residuals the backward
-    step needs (the scan being differentiated is upgraded in place when it is in the same
-    graph), then one reverse scan runs the backward step."""
+    step needs, stacked (the scan being differentiated is upgraded in place when it is in the
+    same graph), then one scan in the other direction runs the backward step over them. A
+    constant's gradient that is a sum over steps of matmuls is one matmul of the stacked
+    operands laid side by side."""
     C, K, T = n_consts, n_carry, length
-    n_x = len(body.invars) - C - K
     n_y = len(body.outvars) - K
     if need is None:
         need = tuple(is_float(t.dtype) for t in ins)
     b = ins[0].builder if ins else out[0].builder
     need_body = tuple([need[i] for i in range(C)]
                       + [is_float(v.aval.dtype) for v in body.invars[C:C + K]]
-                      + [any(need[C + K + t * n_x + q] for t in range(T)) and
-                         is_float(body.invars[C + K + q].aval.dtype) for q in range(n_x)])
+                      + [need[i] and is_float(v.aval.dtype)
+                         for i, v in enumerate(body.invars[C + K:], C + K)])
+    ys_ct_pos = [q for q in range(n_y) if is_float(body.outvars[K + q].aval.dtype)
+                 and gs[K + q] is not None]
     has_ct = tuple([is_float(v.aval.dtype) for v in body.outvars[:K]]
-                   + [is_float(body.outvars[K + q].aval.dtype)
-                      and any(gs[K + t * n_y + q] is not None for t in range(T))
-                      for q in range(n_y)])
+                   + [q in ys_ct_pos for q in range(n_y)])
     key = (id(body), C, K, need_body, has_ct)
     lin = _LINEAR.get(key)
     if lin is None or lin.body is not body:
         lin = remember(_LINEAR, key, _Linear(body, C, K, need_body, has_ct), 512)
     consts, xs = ins[:C], ins[C + K:]
-    res_outs = _forward_with_residuals(b, lin, ins, out, body, T, C, K)
+    res_outs = _forward_with_residuals(b, lin, ins, out, body, T, C, K, reverse)
     # loop invariants of the backward step
     pre_vals = b.inline(lin.pre, consts) if lin.pre.eqns or lin.pre.outvars else []
     inv = [consts[a] if kind == "const" else pre_vals[a] for kind, a in lin.inv]
     ct_carry = [gs[i] if gs[i] is not None else E.zeros_like(out[i])
                 for i in range(K) if is_float(body.outvars[i].aval.dtype)]
-    ys_ct_pos = [q for q in range(n_y) if is_float(body.outvars[K + q].aval.dtype)
-                 and any(gs[K + t * n_y + q] is not None for t in range(T))]
-    step_ins: list[Any] = []
-    for t in reversed(range(T)):
-        for kind, q in lin.res:
-            step_ins.append(xs[t * n_x + q] if kind == "x" else res_outs[t][q])
-        for q in ys_ct_pos:
-            g = gs[K + t * n_y + q]
-            step_ins.append(g if g is not None else E.zeros_like(out[K + t * n_y + q]))
+    step_ins = [xs[q] if kind == "x" else res_outs[q] for kind, q in lin.res]
+    step_ins += [gs[K + q] for q in ys_ct_pos]
     atoms = [b.atom(v) for v in inv + ct_carry + step_ins]
     params = {"body": lin.bwd, "length": T, "n_consts": len(inv), "n_carry": len(ct_carry)}
+    if not reverse:
+        params["reverse"] = True
     res = _emit_scan(b, atoms, params)
     n_kc = len(ct_carry)
     carry_grads = res[:n_kc]
-    per_step = len(lin.bwd.outvars) - n_kc
-    steps = [res[n_kc + s * per_step:n_kc + (s + 1) * per_step] for s in range(T)]
-    steps.reverse()                  # steps[t]: the backward step of iteration t
+    per_step = [step_ins[q] if kind == "in" else res[n_kc + q] for kind, q in lin.outs]
     grads: list[Any] = [None] * len(ins)
     k = 0
     for i in range(C, C + K):
@@ -576,80 +676,71 @@ def scan_vjp(gs: list, *ins: Traced, out: list, body: Graph, length: int, n_cons
     for i, how in lin.terms:
         if how != "sum":
             lhs_t, rhs_t = how
-            lhs = _side_by_side([s[col] for s in steps], 1, lhs_t)
-            rhs = _side_by_side([s[col + 1] for s in steps], 0, rhs_t)
+            lhs, rhs = per_step[col], per_step[col + 1]
+            # sum_t a_t @ b_t = [a_0 a_1 ...] @ [b_0; b_1; ...]
+            lhs = E.transpose(_rows(lhs), (1, 0)) if lhs_t else _cols(lhs)
+            rhs = E.transpose(_cols(rhs), (1, 0)) if rhs_t else _rows(rhs)
             grads[i] = E.matmul(lhs, rhs)
             col += 2
         else:
-            total = steps[0][col]
-            for s in steps[1:]:
-                total = total + s[col]
-            grads[i] = total
+            grads[i] = E.reduce_sum(per_step[col], (0,))
             col += 1
     for q in lin.x_grads:
-        for t in range(T):
-            if need[C + K + t * n_x + q]:
-                grads[C + K + t * n_x + q] = steps[t][col]
+        if need[C + K + q]:
+            grads[C + K + q] = per_step[col]
         col += 1
     return tuple(grads)
 
 
+def _rows(stacked: Traced) -> Any:
+    """The 2-d steps of `stacked` (T, r, c) one under the other: (T r, c)."""
+    t, r, c = stacked.aval.shape
+    return E.reshape(stacked, (t * r, c))
+
+
+def _cols(stacked: Traced) -> Any:
+    """The 2-d steps of `stacked` (T, r, c) side by side: (r, T c)."""
+    t, r, c = stacked.aval.shape
+    if r != 1:
+        stacked = E.transpose(stacked, (1, 0, 2))
+    return E.reshape(stacked, (r, t * c))
+
+
 def _emit_scan(b: Builder, atoms: list, params: dict) -> list[Traced]:
-    """Record a scan built here (its types hold by construction: no rule check, which costs
-    per step)."""
-    body, K = params["body"], params["n_carry"]
+    """Record a scan built here (its types hold by construction: no rule check)."""
+    body, K, T = params["body"], params["n_carry"], params["length"]
     avals = body.out_avals
-    outs = [Var(a) for a in avals[:K]] + [Var(a) for _ in range(params["length"])
+    outs = [Var(a) for a in avals[:K]] + [Var(Aval((T,) + a.shape, a.dtype))
                                           for a in avals[K:]]
-    b.eqns.append(Eqn("scan", atoms, outs, params, b.source_override))
+    e = Eqn("scan", atoms, outs, params, b.source_override)
+    b.eqns += fission(e) or [e]
     return [Traced(b, v) for v in outs]
 
 
-_AXIS = ({"axis": 0}, {"axis": 1})     # shared params: the memos keyed by them hit
-
-
-def _side_by_side(parts: list, axis: int, transposed: bool) -> Any:
-    """The 2-d `parts` (per-step values of one body output: one type) concatenated along
-    `axis`; when `transposed`, the parts are the transposes of those to concatenate."""
-    along = 1 - axis if transposed else axis
-    whole = parts[0]
-    if len(parts) > 1:
-        b, a0 = whole.builder, whole.aval
-        shape = list(a0.shape)
-        shape[along] *= len(parts)
-        v = Var(Aval(tuple(shape), a0.dtype))
-        b.eqns.append(Eqn("concatenate", [t.atom for t in parts], [v], _AXIS[along],
-                          b.source_override))
-        whole = Traced(b, v)
-    return E.transpose(whole, (1, 0)) if transposed else whole
-
-
 def _forward_with_residuals(b: Builder, lin: _Linear, ins: Sequence[Traced], out: list,
-                            body: Graph, T: int, C: int, K: int) -> list[list[Traced]]:
-    """Per step, the residual outputs of `lin.fwd`. The scan equation that made `out` is
+                            body: Graph, T: int, C: int, K: int, reverse: bool
+                            ) -> list[Traced]:
+    """The stacked residual outputs of `lin.fwd`. The scan equation that made `out` is
     upgraded to run `lin.fwd` when it is in `b`; otherwise a forward scan runs again."""
-    n_y = len(body.outvars) - K
     n_extra = len(lin.fwd.outvars) - len(body.outvars)
     if n_extra == 0:
-        return [[] for _ in range(T)]
+        return []
     eqn = _producer(b, out)
     if eqn is None or eqn.params["body"] is not body:
         atoms = [b.atom(v) for v in ins]
         params = {"body": lin.fwd, "length": T, "n_consts": C, "n_carry": K}
-        vals = _emit_scan(b, atoms, params)
-        per = n_y + n_extra
-        return [vals[K + t * per + n_y:K + (t + 1) * per] for t in range(T)]
-    old = eqn.outvars
-    new = old[:K]
-    extra = []
-    for t in range(T):
-        new += old[K + t * n_y:K + (t + 1) * n_y]
-        step = [Var(v.aval) for v in lin.fwd.outvars[len(body.outvars):]]
-        new += step
-        extra.append([Traced(b, v) for v in step])
-    eqn.outvars = new
+        if reverse:
+            params["reverse"] = True
+        return _emit_scan(b, atoms, params)[len(body.outvars):]
+    extra = [Var(Aval((T,) + v.aval.shape, v.aval.dtype))
+             for v in lin.fwd.outvars[len(body.outvars):]]
+    eqn.outvars = eqn.outvars + extra
     eqn.params = {**eqn.params, "body": lin.fwd}
-    return extra
+    split = fission(eqn)
+    if split is not None:    # the residuals no carry needs are made after the loop
+        at = next(i for i in range(len(b.eqns) - 1, -1, -1) if b.eqns[i] is eqn)
+        b.eqns[at:at + 1] = split
+    return [Traced(b, v) for v in extra]
 
 
 def _producer(b: Builder, out: list) -> Eqn | None:

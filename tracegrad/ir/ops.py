@@ -230,26 +230,29 @@ def _custom_vjp_call(*avals: Aval, n_args: int, n_res: int, bwd: Any) -> list[Av
     return list(avals[n_args + n_res:])
 
 
-def _scan(*avals: Aval, body: Any, length: int, n_consts: int, n_carry: int) -> list[Aval]:
-    """`scan[body, length, n_consts, n_carry](consts, carry, xs)`: `length` applications of
-    `body: (consts, carry, x_t) -> (carry, y_t)`. The per-iteration inputs and outputs are
-    separate values, iteration-major: x_0..., x_1..., and y_0..., y_1... (a rolled loop of a
-    trace reads and writes the values the unrolled steps did)."""
+def _scan(*avals: Aval, body: Any, length: int, n_consts: int, n_carry: int,
+          reverse: bool = False) -> list[Aval]:
+    """`scan[body, length, n_consts, n_carry, reverse](consts, carry, xs) -> (carry, ys)`:
+    `length` applications of `body: (consts, carry, x_t) -> (carry, y_t)`, as JAX's
+    `lax.scan`. Each x and each y is stacked along a new leading axis of size `length`: the
+    body reads `xs[q][t]` and writes `ys[j][t]`. `reverse`: t runs from `length - 1` down."""
     n_x = len(body.invars) - n_consts - n_carry
     n_y = len(body.outvars) - n_carry
-    if length < 1 or n_x < 0 or n_y < 0 or len(avals) != n_consts + n_carry + length * n_x:
+    if length < 1 or n_x < 0 or n_y < 0 or len(avals) != n_consts + n_carry + n_x:
         raise ShapeError(f"scan of length {length} over a body taking {len(body.invars)} "
                          f"values got {len(avals)} inputs")
-    want = body.in_avals[:n_consts + n_carry] + body.in_avals[n_consts + n_carry:] * length
+    head = n_consts + n_carry
+    want = body.in_avals[:head] + [Aval((length,) + a.shape, a.dtype)
+                                   for a in body.in_avals[head:]]
     for i, (a, w) in enumerate(zip(avals, want)):
         if a != w:
             raise ShapeError(f"scan input {i} is {a}, its body takes {w}")
-    carry_in = body.in_avals[n_consts:n_consts + n_carry]
+    carry_in = body.in_avals[n_consts:head]
     carry_out = body.out_avals[:n_carry]
     if carry_in != carry_out:
         raise ShapeError("scan body's carry types change: " + ", ".join(map(str, carry_in))
                          + " -> " + ", ".join(map(str, carry_out)))
-    return carry_out + body.out_avals[n_carry:] * length
+    return carry_out + [Aval((length,) + a.shape, a.dtype) for a in body.out_avals[n_carry:]]
 
 
 def _random(seed: Aval, *, shape: tuple[int, ...], dist: str, dtype: np.dtype) -> Aval:
@@ -364,16 +367,21 @@ def _ref_custom_vjp_call(*xs, n_args, n_res, bwd):
     return tuple(xs[n_args + n_res:])
 
 
-def _ref_scan(*xs, body, length, n_consts, n_carry):
+def _ref_scan(*xs, body, length, n_consts, n_carry, reverse=False):
     from .interpret import interpret
-    n_x = len(body.invars) - n_consts - n_carry
-    consts, carry = list(xs[:n_consts]), list(xs[n_consts:n_consts + n_carry])
-    rest, ys = xs[n_consts + n_carry:], []
-    for t in range(length):
-        outs = interpret(body, consts + carry + list(rest[t * n_x:(t + 1) * n_x]))
+    head = n_consts + n_carry
+    consts, carry, stacked = list(xs[:n_consts]), list(xs[n_consts:head]), xs[head:]
+    ys: list[list] = [[] for _ in body.outvars[n_carry:]]
+    steps = range(length - 1, -1, -1) if reverse else range(length)
+    for t in steps:
+        outs = interpret(body, consts + carry + [x[t] for x in stacked])
         carry = outs[:n_carry]
-        ys += outs[n_carry:]
-    return tuple(carry + ys)
+        for y, o in zip(ys, outs[n_carry:]):
+            y.append(o)
+    if reverse:
+        for y in ys:
+            y.reverse()
+    return tuple(carry + [np.stack(y) for y in ys])
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:

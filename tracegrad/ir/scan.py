@@ -1,9 +1,9 @@
 """The scan primitive beyond its definition: unrolling, forward mode, and its bodies' passes.
 
-`scan[body, length, n_consts, n_carry](consts, carry, xs) -> (carry, ys)` runs `body:
-(consts, carry, x_t) -> (carry, y_t)` `length` times; the per-iteration inputs and outputs are
-separate values, iteration-major (see `ops._scan`). Bodies are shared by the equations (and
-the traces) of one loop, so the work done per body here is remembered by the body's identity,
+`scan[body, length, n_consts, n_carry, reverse](consts, carry, xs) -> (carry, ys)` runs
+`body: (consts, carry, x_t) -> (carry, y_t)` `length` times; each x and y is stacked along a
+leading axis of size `length` (see `ops._scan`). Bodies are shared by the equations (and the
+traces) of one loop, so the work done per body here is remembered by the body's identity,
 the body kept alive next to the result so its id stays its own.
 """
 from __future__ import annotations
@@ -15,30 +15,31 @@ import numpy as np
 from . import emit as E
 from .builder import Builder, Traced, bind
 from .core import Atom, Aval, Eqn, Graph, Lit, Var, is_float, remember
+from .fission import fission
 
 
 def has_scan(graph: Graph) -> bool:
     return any(e.op == "scan" for e in graph.eqns)
 
 
-def split_inputs(e: Eqn) -> tuple[list[Atom], list[Atom], list[list[Atom]]]:
-    """A scan equation's inputs as (consts, carry, xs per iteration)."""
-    p = e.params
-    c, k, n_x = p["n_consts"], p["n_carry"], _n_x(p)
-    xs = e.inputs[c + k:]
-    return (list(e.inputs[:c]), list(e.inputs[c:c + k]),
-            [list(xs[t * n_x:(t + 1) * n_x]) for t in range(p["length"])])
+def split_inputs(e: Eqn) -> tuple[list[Atom], list[Atom], list[Atom]]:
+    """A scan equation's inputs as (consts, carry, stacked xs)."""
+    c, k = e.params["n_consts"], e.params["n_carry"]
+    return list(e.inputs[:c]), list(e.inputs[c:c + k]), list(e.inputs[c + k:])
 
 
-def _n_x(params: dict) -> int:
-    return len(params["body"].invars) - params["n_consts"] - params["n_carry"]
+def steps_of(params: dict) -> range:
+    """The iterations of a scan in the order they run."""
+    n = params["length"]
+    return range(n - 1, -1, -1) if params.get("reverse") else range(n)
 
 
 # ---- unrolling ---------------------------------------------------------------------------------
 
 def unroll_scans(graph: Graph) -> Graph:
     """`graph` with every scan (nested ones too) written out as `length` copies of its body,
-    with fresh variables. A body's constants become constants of the result, once per scan
+    with fresh variables: step t reads `slice`s of the stacked xs and the ys are the steps'
+    values concatenated. A body's constants become constants of the result, once per scan
     equation. Returns `graph` itself when it holds no scan."""
     if not has_scan(graph):
         return graph
@@ -53,6 +54,11 @@ def _unroll(graph: Graph, flat: dict[int, Graph]) -> Graph:
 
     def read(a: Atom) -> Atom:
         return subst.get(a.id, a) if type(a) is Var else a
+
+    def emit(op: str, ins: list[Atom], aval: Aval, params: dict, source: str | None) -> Var:
+        v = Var(aval)
+        eqns.append(Eqn(op, ins, [v], params, source))
+        return v
 
     for e in graph.eqns:
         if e.op != "scan":
@@ -72,14 +78,33 @@ def _unroll(graph: Graph, flat: dict[int, Graph]) -> Graph:
             constvars.append(w)
             consts.append(c)
         const_in, carry, xs = split_inputs(e)
-        const_in, carry = [read(a) for a in const_in], [read(a) for a in carry]
-        ys: list[Atom] = []
-        k = e.params["n_carry"]
-        for x_t in xs:
-            outs = _inline(body, const_in + carry + [read(a) for a in x_t], env, eqns, e.source)
+        const_in, carry, xs = [read(a) for a in const_in], [read(a) for a in carry], \
+            [read(a) for a in xs]
+        k, n, src = e.params["n_carry"], e.params["length"], e.source
+        x_avals = body.in_avals[len(const_in) + k:]
+        ys: list[list[Atom]] = [[None] * n for _ in body.outvars[k:]]   # type: ignore
+        for t in steps_of(e.params):
+            x_t = []
+            for x, a in zip(xs, x_avals):
+                index = ((t, t + 1, 1),) + tuple((0, d, 1) for d in a.shape)
+                part = emit("slice", [x], Aval((1,) + a.shape, a.dtype), {"index": index}, src)
+                x_t.append(emit("reshape", [part], a, {"shape": a.shape}, src))
+            outs = _inline(body, const_in + carry + x_t, env, eqns, src)
             carry = outs[:k]
-            ys += outs[k:]
-        for v, a in zip(e.outvars, carry + ys):
+            for y, o in zip(ys, outs[k:]):
+                y[t] = o
+        stacked: list[Atom] = []
+        for y, v in zip(ys, e.outvars[k:]):
+            a = v.aval
+            one = Aval((1,) + a.shape[1:], a.dtype)
+            if all(type(o) is Lit and o.key() == y[0].key() for o in y):
+                stacked.append(emit("full", [], a, {"shape": a.shape, "value": y[0].value.item(),
+                                                    "dtype": a.dtype}, src))
+                continue
+            parts = [emit("reshape", [o], one, {"shape": one.shape}, src) for o in y]
+            stacked.append(parts[0] if n == 1 else
+                           emit("concatenate", parts, a, {"axis": 0}, src))
+        for v, a in zip(e.outvars, carry + stacked):
             subst[v.id] = a
     return Graph(graph.invars, eqns, [read(a) for a in graph.outvars], constvars, consts)
 
@@ -162,42 +187,32 @@ def _jvp_body(body: Graph, n_consts: int, n_carry: int, const_mask: tuple,
 
 
 def scan_jvp(*args: Any, out: list, body: Graph, length: int, n_consts: int,
-             n_carry: int) -> list:
-    """JVP["scan"]: one scan of the JVP body carrying the tangents beside the primal carry."""
+             n_carry: int, reverse: bool = False) -> list:
+    """JVP["scan"]: one scan of the JVP body carrying the tangents beside the primal carry;
+    the tangents of stacked xs and ys are stacked like them."""
     n = len(args) // 2
     ts, xs = args[:n], args[n:]
-    n_x = len(body.invars) - n_consts - n_carry
     c, k = n_consts, n_carry
-    x_ts = [ts[c + k + t * n_x:c + k + (t + 1) * n_x] for t in range(length)]
     const_mask = tuple(t is not None for t in ts[:c])
     carry_in_mask = tuple(t is not None for t in ts[c:c + k])
-    x_mask = tuple(any(step[j] is not None for step in x_ts) for j in range(n_x))
+    x_mask = tuple(t is not None for t in ts[c + k:])
     jvp, carry_mask, y_mask = _jvp_body(body, c, k, const_mask, carry_in_mask, x_mask)
-    zeros: dict[Aval, Any] = {}
 
     def tangent(t: Any, x: Any) -> Any:
-        if t is not None:
-            return t
-        aval = Aval(tuple(x.shape), x.dtype)
-        if aval not in zeros:
-            zeros[aval] = E.full(aval.shape, 0, aval.dtype)
-        return zeros[aval]
+        return t if t is not None else E.full(tuple(x.shape), 0, x.dtype)
 
     def section(vals: Sequence[Any], tans: Sequence[Any], mask: tuple) -> list:
         return list(vals) + [tangent(t, x) for t, x, m in zip(tans, vals, mask) if m]
 
-    inputs = section(xs[:c], ts[:c], const_mask) + section(xs[c:c + k], ts[c:c + k], carry_mask)
-    for t in range(length):
-        inputs += section(xs[c + k + t * n_x:c + k + (t + 1) * n_x], x_ts[t], x_mask)
-    n_dc, n_dy = sum(carry_mask), sum(y_mask)
+    inputs = section(xs[:c], ts[:c], const_mask) + section(xs[c:c + k], ts[c:c + k],
+                                                           carry_mask)
+    inputs += section(xs[c + k:], ts[c + k:], x_mask)
+    n_dc = sum(carry_mask)
     res = bind("scan", *inputs, body=jvp, length=length, n_consts=c + sum(const_mask),
-               n_carry=k + n_dc)
-    dcarry = iter(res[k:k + n_dc])
-    result = [next(dcarry) if m else None for m in carry_mask]
-    for t in range(length):
-        dys = iter(res[k + n_dc + t * n_dy:k + n_dc + (t + 1) * n_dy])
-        result += [next(dys) if m else None for m in y_mask]
-    return result
+               n_carry=k + n_dc, **({"reverse": True} if reverse else {}))
+    dcarry, dys = iter(res[k:k + n_dc]), iter(res[k + n_dc:])
+    return [next(dcarry) if m else None for m in carry_mask] + \
+        [next(dys) if m else None for m in y_mask]
 
 
 # ---- optimising bodies -------------------------------------------------------------------------
@@ -209,7 +224,8 @@ _OPTIMIZED: dict[int, tuple[Graph, Graph, list[tuple[Var, np.ndarray]]]] = {}
 def optimize_bodies(graph: Graph, optimize: Any) -> Graph:
     """`graph` with each scan's body optimised (by `optimize`, recursively) and the body's
     constants moved out to `graph`'s, read by the scan as leading consts: after `ir.optimize`
-    no body holds a constant, so the native backend finds every array among the graph's."""
+    no body holds a constant, so the native backend finds every array among the graph's. The
+    work the carry does not need is then moved out of the loop (`fission`)."""
     eqns = []
     constvars, consts = list(graph.constvars), list(graph.consts)
     hoisted: dict[int, Var] = {}     # id(array) -> its constvar in `graph`
@@ -221,7 +237,9 @@ def optimize_bodies(graph: Graph, optimize: Any) -> Graph:
         body = e.params["body"]
         new, lifted = _optimized_body(body, optimize)
         if new is body:
-            eqns.append(e)
+            split = fission(e)
+            changed = changed or split is not None
+            eqns += split or [e]
             continue
         changed = True
         extra = []
@@ -233,7 +251,8 @@ def optimize_bodies(graph: Graph, optimize: Any) -> Graph:
                 consts.append(c)
             extra.append(w)
         params = dict(e.params, body=new, n_consts=e.params["n_consts"] + len(lifted))
-        eqns.append(Eqn("scan", extra + list(e.inputs), e.outvars, params, e.source))
+        opt = Eqn("scan", extra + list(e.inputs), e.outvars, params, e.source)
+        eqns += fission(opt) or [opt]
     if not changed:
         return graph
     return Graph(graph.invars, eqns, list(graph.outvars), constvars, consts)
