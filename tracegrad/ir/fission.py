@@ -187,7 +187,7 @@ def _apply(plan: _Plan, e: Eqn) -> list[Eqn]:
                                  "S")
     for a, v in copies:
         eqns.append(Eqn("reshape", [env[a.id][0]], [v], {"shape": v.aval.shape}, src))
-    return eqns
+    return fold_reshapes(eqns, {v.id for v in e.outvars})
 
 
 def _batch(e: Eqn, ins: list[tuple[Atom, str]], T: int, eqns: list[Eqn] | None = None,
@@ -302,4 +302,23 @@ def _matmul(atoms: list, kinds: list, T: int, o: Aval, whole: Aval, add: Any) ->
     return True
 
 
-__all__ = ["fission"]
+
+
+def fold_reshapes(eqns: list[Eqn], visible: set[int]) -> list[Eqn]:
+    """`eqns` with each reshape of a reshape made here reading the first one's input, and the
+    reshapes then unread dropped (their values are `visible` outside, or not)."""
+    made: dict[int, Eqn] = {}
+    out: list[Eqn] = []
+    for e in eqns:
+        if e.op == "reshape" and type(e.inputs[0]) is Var:
+            src = made.get(e.inputs[0].id)
+            if src is not None:
+                e = Eqn("reshape", [src.inputs[0]], e.outvars, e.params, e.source)
+            made[e.outvars[0].id] = e
+        out.append(e)
+    read = {a.id for e in out for a in e.inputs if type(a) is Var}
+    return [e for e in out if not (e.op == "reshape" and e.outvars[0].id not in read
+                                   and e.outvars[0].id not in visible)]
+
+
+__all__ = ["fission", "fold_reshapes"]

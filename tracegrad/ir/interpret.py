@@ -265,52 +265,71 @@ class Program:
 
 
 def _scan_fn(e: Any) -> Callable:
-    """A step running a scan as a loop over its body's Program (built once per body): the
-    body's steps run in one list of slots per call, the ys collected and stacked at the end."""
+    """A step running a scan as a loop over its body's Program (built once per body). The
+    loop is written as Python source, the body's slots as local variables (a list of slots
+    costs an index per read and write, several per op), and compiled once per body and
+    layout; the ys are collected per step and stacked at the end."""
+    p = e.params
+    key = (id(p["body"]), p["n_consts"], p["n_carry"], bool(p.get("reverse")))
+    hit = _LOOPS.get(key)
+    if hit is None or hit[0] is not p["body"]:
+        hit = remember(_LOOPS, key, (p["body"], _loop_source(e)), 1024)
+    make = hit[1]
+    return make(p["length"], [(v.aval.shape, v.aval.dtype) for v in e.outvars[p["n_carry"]:]])
+
+
+_LOOPS: dict[Any, tuple] = {}
+
+
+def _loop_source(e: Any) -> Callable:
+    """(length, the ys' types) -> the function running scan `e`'s loop."""
     p = e.params
     prog = program(p["body"])
-    n_c, n_k, n = p["n_consts"], p["n_carry"], p["length"]
-    n_in = prog.n_in
-    order = range(n - 1, -1, -1) if p.get("reverse") else range(n)
-    body_init, body_steps = prog.init, prog.steps
-    carry_out, y_out = prog.outs[:n_k], prog.outs[n_k:]
+    n_c, n_k, n_in = p["n_consts"], p["n_carry"], prog.n_in
+    x_avals = p["body"].in_avals[n_c + n_k:]
     read = {i for step in prog.steps for i in step[1]} | set(prog.outs)
-    x_read = [k in read for k in range(n_c + n_k, n_in)]    # a step's unread inputs: skipped
-    x_slots = [k for k, r in zip(range(n_c + n_k, n_in), x_read) if r]
-    y_avals = [(v.aval.shape, v.aval.dtype) for v in e.outvars[n_k:]]
+    names = {k: f"s{k}" for k in range(len(prog.init))}
+    ns: dict[str, Any] = {"_stack": _stack}
+    for k in range(n_in, len(prog.init)):       # the body's constants and literals
+        ns[names[k]] = prog.init[k]
+    ins = [names[k] for k in range(n_c + n_k)] + [f"x{k}" for k in range(n_c + n_k, n_in)]
+    lines = [f"def run({', '.join(ins)}):"]
+    n_y = len(prog.outs) - n_k
+    lines += [f"    y{j} = []" for j in range(n_y)]
+    lines.append("    for t in _order:")
+    for k, a in zip(range(n_c + n_k, n_in), x_avals):
+        if k in read:    # 0-d: x[t, ...] is an array, x[t] a numpy scalar
+            lines.append(f"        {names[k]} = x{k}[t{'' if a.shape else ', ...'}]")
+    for i, (fn, s_ins, out, m) in enumerate(prog.steps):
+        ns[f"f{i}"] = fn
+        args = ", ".join(names[k] for k in s_ins)
+        outs = names[out] if m >= 0 else "".join(f"{names[k]}, " for k in out)
+        lines.append(f"        {outs} = f{i}({args})")
+    lines += [f"        y{j}.append({names[k]})" for j, k in enumerate(prog.outs[n_k:])]
+    if n_k:
+        lines.append(f"        {''.join(names[k] + ', ' for k in range(n_c, n_c + n_k))}= "
+                     f"{''.join(names[k] + ', ' for k in prog.outs[:n_k])}")
+    rev = ".reverse()" if p.get("reverse") else ""
+    lines += [f"    y{j}{rev}" for j in range(n_y) if rev]
+    lines.append("    return (" + "".join(names[k] + ", " for k in range(n_c, n_c + n_k))
+                 + "".join(f"_stack(y{j}, _ys[{j}]), " for j in range(n_y)) + ")")
+    source = "def make(_order, _ys):\n" + "\n".join("    " + line for line in lines) + \
+        "\n    return run"
+    exec(compile(source, "<scan loop>", "exec"), ns)   # noqa: S102 - our own source
+    factory = ns["make"]
     rev = bool(p.get("reverse"))
 
-    def run(*ins: np.ndarray) -> tuple:
-        env = list(body_init)
-        env[:n_c + n_k] = ins[:n_c + n_k]
-        xs = [x for x, r in zip(ins[n_c + n_k:], x_read) if r]
-        ys: list[list] = [[] for _ in y_out]
-        for t in order:
-            for k, x in zip(x_slots, xs):
-                env[k] = x[t] if x.ndim > 1 else x[t, ...]   # 0-d: an array, not a scalar
-            for fn, s_ins, out, m in body_steps:
-                if m == 1:
-                    env[out] = fn(env[s_ins[0]])
-                elif m == 2:
-                    env[out] = fn(env[s_ins[0]], env[s_ins[1]])
-                elif m >= 0:
-                    env[out] = fn(*[env[i] for i in s_ins])
-                else:
-                    for k, o in zip(out, fn(*[env[i] for i in s_ins])):
-                        env[k] = o
-            for y, k in zip(ys, y_out):
-                y.append(env[k])
-            env[n_c:n_c + n_k] = [env[k] for k in carry_out]
-        stacked = []
-        for y, (shape, dtype) in zip(ys, y_avals):
-            if rev:
-                y.reverse()
-            out = np.empty(shape, dtype)
-            for t, v in enumerate(y):
-                out[t] = v
-            stacked.append(out)
-        return (*[env[k] for k in range(n_c, n_c + n_k)], *stacked)
-    return run
+    def make(length: int, y_avals: list) -> Callable:
+        return factory(range(length - 1, -1, -1) if rev else range(length), y_avals)
+    return make
+
+
+def _stack(parts: list, aval: tuple) -> np.ndarray:
+    """The per-step values `parts` as one array of type `aval` (shape, dtype)."""
+    shape, dtype = aval
+    if len(shape) > 1:     # pieces of one shape, one after the other: as np.stack lays them
+        return np.concatenate(parts).reshape(shape).astype(dtype, copy=False)
+    return np.array(parts, dtype)
 
 
 def program(graph: Graph) -> Program:

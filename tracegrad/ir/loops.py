@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from . import emit as E
 from .builder import Builder, Traced
 from .core import Atom, Aval, Eqn, Graph, Lit, Var, is_float, remember
-from .fission import fission
+from .fission import fission, fold_reshapes
 from .passes import _frozen_params, dce
 
 # ---- rolling -----------------------------------------------------------------------------------
@@ -371,7 +371,8 @@ def _scan_eqns(blocks: list[list[Eqn]], flow: tuple, last_use: dict[int, int], e
     scan = Eqn("scan", inputs, outvars, {"body": body, "length": reps,
                                          "n_consts": len(consts), "n_carry": len(carries)},
                source)
-    return eqns + (fission(scan) or [scan]) + taken
+    visible = {v.id for v in scan.outvars[:len(carries)]} | {e.outvars[0].id for e in taken}
+    return fold_reshapes(eqns + (fission(scan) or [scan]) + taken, visible)
 
 
 def _stack(atoms: list[Atom], producer: dict[int, Eqn], eqns: list[Eqn],
@@ -486,7 +487,8 @@ class _Linear:
     of each per-step result whether the scan outputs it or it is one of the step's inputs.
     `pre` computes the loop invariants the backward step reads (`W.T`) once, from the
     constants."""
-    __slots__ = ("body", "fwd", "bwd", "pre", "res", "inv", "terms", "x_grads", "outs")
+    __slots__ = ("body", "fwd", "bwd", "pre", "res", "inv", "terms", "x_grads", "outs",
+                 "step_read")
 
     def __init__(self, body: Graph, n_consts: int, n_carry: int, need: tuple, has_ct: tuple):
         self.body = body     # kept alive: the cache is keyed by its id
@@ -592,8 +594,12 @@ class _Linear:
                     at[a.id] = len(outs_kept) - n_kc
                 self.outs.append(("out", len(outs_kept) - n_kc))
                 outs_kept.append(a)
-        self.bwd = _subgraph(lin, bwd_eqns, inv + ct_carry + res + ct_ys, outs_kept,
-                             inputs_only=True)
+        kept = _needed(bwd_eqns, outs_kept)
+        read = {a.id for e in kept for a in e.inputs if type(a) is Var}
+        read.update(a.id for a in outs_kept if type(a) is Var)
+        self.step_read = [v.id in read for v in res + ct_ys]   # the others only pass through
+        self.bwd = _subgraph(lin, kept, inv + ct_carry + [v for v, r in zip(
+            res + ct_ys, self.step_read) if r], outs_kept, inputs_only=True)
 
 
 def _needed(eqns: list[Eqn], outs: Sequence[Atom]) -> list[Eqn]:
@@ -657,7 +663,8 @@ def scan_vjp(gs: list, *ins: Traced, out: list, body: Graph, length: int, n_cons
                 for i in range(K) if is_float(body.outvars[i].aval.dtype)]
     step_ins = [xs[q] if kind == "x" else res_outs[q] for kind, q in lin.res]
     step_ins += [gs[K + q] for q in ys_ct_pos]
-    atoms = [b.atom(v) for v in inv + ct_carry + step_ins]
+    atoms = [b.atom(v) for v in inv + ct_carry + [v for v, r in zip(step_ins, lin.step_read)
+                                                  if r]]
     params = {"body": lin.bwd, "length": T, "n_consts": len(inv), "n_carry": len(ct_carry)}
     if not reverse:
         params["reverse"] = True
