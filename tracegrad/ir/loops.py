@@ -16,6 +16,7 @@ from . import emit as E
 from .builder import Builder, Traced
 from .core import Atom, Aval, Eqn, Graph, Lit, Var, is_float, remember
 from .fission import fission, fold_reshapes
+from .ops import OPS
 from .passes import _frozen_params, dce
 
 # ---- rolling -----------------------------------------------------------------------------------
@@ -344,8 +345,12 @@ def _scan_eqns(blocks: list[list[Eqn]], flow: tuple, last_use: dict[int, int], e
         body = remember(_BODIES, shape, _body(first, flow, ys), 1024)
     source = first[0].source
     eqns: list[Eqn] = []
-    inside = collections.Counter([a.id for blk in blocks for e in blk for a in e.inputs
-                                  if type(a) is Var])
+    # reads of each per-step input inside the loop: as many per block as the body reads it
+    per_block = collections.Counter([arg for row in plan for kind, arg in row if kind == "x"])
+    inside: collections.Counter = collections.Counter()
+    for q, atoms in enumerate(xs):
+        for a in atoms:
+            inside[a.id] += per_block[q]
     stacked = [_stack(atoms, producer, eqns, source) for atoms in xs]
     still_read = {a.id for e in eqns for a in e.inputs if type(a) is Var}
     for atoms in xs:      # the steps' own slices, read by no one else, are dead now
@@ -685,12 +690,12 @@ def scan_vjp(gs: list, *ins: Traced, out: list, body: Graph, length: int, n_cons
             lhs_t, rhs_t = how
             lhs, rhs = per_step[col], per_step[col + 1]
             # sum_t a_t @ b_t = [a_0 a_1 ...] @ [b_0; b_1; ...]
-            lhs = E.transpose(_rows(lhs), (1, 0)) if lhs_t else _cols(lhs)
-            rhs = E.transpose(_cols(rhs), (1, 0)) if rhs_t else _rows(rhs)
-            grads[i] = E.matmul(lhs, rhs)
+            lhs = _put(b, "transpose", _rows(b, lhs), _FLIP) if lhs_t else _cols(b, lhs)
+            rhs = _put(b, "transpose", _cols(b, rhs), _FLIP) if rhs_t else _rows(b, rhs)
+            grads[i] = _put(b, "matmul", [lhs, rhs], {})
             col += 2
         else:
-            grads[i] = E.reduce_sum(per_step[col], (0,))
+            grads[i] = _put(b, "reduce_sum", per_step[col], _AXES0)
             col += 1
     for q in lin.x_grads:
         if need[C + K + q]:
@@ -699,18 +704,31 @@ def scan_vjp(gs: list, *ins: Traced, out: list, body: Graph, length: int, n_cons
     return tuple(grads)
 
 
-def _rows(stacked: Traced) -> Any:
+_FLIP, _AXES0, _SWAP01 = {"perm": (1, 0)}, {"axes": (0,)}, {"perm": (1, 0, 2)}
+
+
+def _put(b: Builder, op: str, x: Any, params: dict) -> Traced:
+    """Record `op` on `x` (one value or a list), typed by its rule and nothing else: the
+    scan's VJP makes a few such equations per trace, each with a new length in its type."""
+    ins = [b.atom(t) for t in (x if type(x) is list else [x])]
+    aval = OPS[op].rule(*[a.aval for a in ins], **params)
+    v = Var(aval)
+    b.eqns.append(Eqn(op, ins, [v], params, b.source_override))
+    return Traced(b, v)
+
+
+def _rows(b: Builder, stacked: Traced) -> Traced:
     """The 2-d steps of `stacked` (T, r, c) one under the other: (T r, c)."""
     t, r, c = stacked.aval.shape
-    return E.reshape(stacked, (t * r, c))
+    return _put(b, "reshape", stacked, {"shape": (t * r, c)})
 
 
-def _cols(stacked: Traced) -> Any:
+def _cols(b: Builder, stacked: Traced) -> Traced:
     """The 2-d steps of `stacked` (T, r, c) side by side: (r, T c)."""
     t, r, c = stacked.aval.shape
     if r != 1:
-        stacked = E.transpose(stacked, (1, 0, 2))
-    return E.reshape(stacked, (r, t * c))
+        stacked = _put(b, "transpose", stacked, _SWAP01)
+    return _put(b, "reshape", stacked, {"shape": (r, t * c)})
 
 
 def _emit_scan(b: Builder, atoms: list, params: dict) -> list[Traced]:
