@@ -10,6 +10,7 @@ so it costs a few microseconds per equation; its IR is built only if it gets hot
 compiled (`Plan.graph`)."""
 from __future__ import annotations
 
+import bisect
 import importlib
 from operator import itemgetter
 from typing import Any, Callable
@@ -287,7 +288,12 @@ def _synth(op: str, ins: tuple, axis: int | None = None) -> tuple:
     if hit is None:
         params = {"axis": axis} if op == "concatenate" else \
             {"perm": (1, 0)} if op == "transpose" else {}
-        out = OPS[op].rule(*ins, **params)
+        if op == "concatenate":     # operands of one type (the general rule is quadratic)
+            shape = list(a.shape)
+            shape[axis] *= len(ins)
+            out = Aval(tuple(shape), a.dtype)
+        else:
+            out = OPS[op].rule(*ins, **params)
         e = Eqn(op, [Var(a) for a in ins], [Var(out)], params, None)
         hit = _synthetic[key] = (_step_fn(e, False), e)
     return hit
@@ -548,12 +554,16 @@ class _Composer:
             return self._slot(terms[0])
         products = [t for t in terms if type(t) is tuple]
         if len(products) >= 3:      # merged per operand types (batches may differ in size)
-            alike: dict[tuple, list] = {}
-            for t in products:
-                alike.setdefault((t[3].inputs[0].aval, t[3].inputs[1].aval), []).append(t)
-            merged = [self._merge(group) for group in alike.values() if len(group) >= 3]
-            terms = merged + [t for t in terms if type(t) is not tuple or
-                              len(alike[(t[3].inputs[0].aval, t[3].inputs[1].aval)]) < 3]
+            te = products[0][3]
+            if all(t[3] is te for t in products):   # one recipe step: one type
+                terms = [self._merge(products)] + [t for t in terms if type(t) is not tuple]
+            else:
+                alike: dict[tuple, list] = {}
+                for t in products:
+                    alike.setdefault((t[3].inputs[0].aval, t[3].inputs[1].aval), []).append(t)
+                merged = [self._merge(group) for group in alike.values() if len(group) >= 3]
+                terms = merged + [t for t in terms if type(t) is not tuple or
+                                  len(alike[(t[3].inputs[0].aval, t[3].inputs[1].aval)]) < 3]
         total = self._slot(terms[0])
         fn, te = _synth("add", (aval, aval))
         for t in terms[1:]:
@@ -590,7 +600,7 @@ class _Composer:
 
     def finish(self, outs: list) -> Plan:
         steps = self.steps
-        fresh = {out for fn, _, out, n in steps if n >= 0 and fn in _FRESH}
+        fresh = {k for k in outs if _fresh(steps, k)}
         init = [None] * self.n
         for k, c in self.consts.items():
             init[k] = c[1]
@@ -604,6 +614,21 @@ class _Composer:
         p._graph = None
         p.outs = [(k, k in fresh and outs.index(k) == j) for j, k in enumerate(outs)]
         return p
+
+
+def _first_out(step: tuple) -> int:
+    out = step[2]
+    return out if type(out) is int else out[0]
+
+
+def _fresh(steps: list, k: int) -> bool:
+    """Whether slot `k` is made by a step whose function returns a new array. Steps take
+    their output slots in order, so the step making `k` is found by bisection."""
+    i = bisect.bisect_left(steps, k, key=_first_out)
+    if i == len(steps):
+        return False
+    fn, _, out, n = steps[i]
+    return out == k and n >= 0 and fn in _FRESH
 
 
 def compose_graph(order: list, in_vars: list, in_gsrc: list, roots: list) -> tuple:

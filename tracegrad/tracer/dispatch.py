@@ -10,13 +10,18 @@ import numpy as np
 from ..ir.builder import Traced
 
 _tensor_types: list[type] = []
+_unary: dict[type, Callable] = {}     # a tensor type -> what records `fn(x)` of one such x
 # Types that neither are nor hold a Tensor: arguments of only these types skip the search
 _PLAIN = frozenset({Traced, np.ndarray, float, int, bool, str, slice, type(None), np.dtype,
                     type(Ellipsis)})
 
 
-def register_tensor_type(t: type) -> None:
+def register_tensor_type(t: type, unary: Callable | None = None) -> None:
+    """`t.__tg_function__` records the `tg` functions called with a `t` among the arguments;
+    `unary(fn, name, x)`, if given, does what it would for `fn(x)` with no keywords."""
     _tensor_types.append(t)
+    if unary is not None:
+        _unary[t] = unary
 
 
 def _find_tensor(args: Any) -> type | None:
@@ -46,6 +51,10 @@ def op(name: str, traced: Callable | None = None) -> Callable[[Callable], Callab
             else:
                 if not kwargs:
                     return fast(*args)
+            if len(args) == 1 and not kwargs:
+                unary = _unary.get(type(args[0]))
+                if unary is not None:
+                    return unary(fn, name, args[0])
             if _tensor_types:
                 plain = _PLAIN
                 for a in args:

@@ -332,7 +332,7 @@ class Tensor:
 
 from .tensor_record import record, record_binary, record_unary  # noqa: E402, I001
 
-dispatch.register_tensor_type(Tensor)
+dispatch.register_tensor_type(Tensor, record_unary)
 
 
 def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
