@@ -178,9 +178,9 @@ _BIN = [lambda a, b: a + b, lambda a, b: a * b, lambda a, b: a @ b.T @ a,
         lambda a, b: tg.maximum(a, b), lambda a, b: a.T @ b]
 
 
-def _random_body(seed):
+def _random_body(seed, post=False):
     """A body over consts (2,3) x2, a (2,3) carry, two (2,3) xs: random ops on random pools,
-    outputs: the carry, and a few ys."""
+    outputs: the carry, and a few ys (`post`: more, made from the carry)."""
     r = np.random.default_rng(seed)
 
     def step(c0, c1, h, x0, x1):
@@ -197,6 +197,12 @@ def _random_body(seed):
             vals.append(v)
         carry = tg.tanh(vals[-1] * 0.5 + h * 0.5)
         ys = [vals[int(r.integers(0, len(vals)))] for _ in range(int(r.integers(0, 3)))]
+        if post:       # per-step outputs made from the carry, which no carry needs
+            for _ in range(int(r.integers(1, 4))):
+                a = [carry, h, vals[-1], x0][int(r.integers(0, 4))]
+                b = vals[int(r.integers(0, len(vals)))]
+                v = _BIN[int(r.integers(0, len(_BIN)))](_UN[int(r.integers(0, 4))](a), b)
+                ys.append(tg.reshape(v, (2, 3)) if v.size == 6 else tg.sum(v) * c1)
         return (carry, *ys)
     a = ir.Aval((2, 3), F8)
     return _graph_of(step, a, a, a, a, a)
@@ -204,7 +210,7 @@ def _random_body(seed):
 
 @pytest.mark.parametrize("seed", range(40))
 def test_fission_of_random_bodies_keeps_values_and_gradients(seed):
-    body = _random_body(seed)
+    body = _random_body(seed, post=seed % 2 == 1)
     g = _scan_graph(body, 4, 2, 1)
     f = _fissioned(g)
     ir.verify(f)

@@ -43,7 +43,7 @@ class _Plan:
         self.post = post            # [body eqn], in order
         self.consts_in = consts_in  # body var ids the new body's constants are
         self.xs_in = xs_in          # body var ids the new body's per-step inputs are
-        self.ys_out = ys_out        # per y of the scan: ("body", k) | ("outer", body atom)
+        self.ys_out = ys_out        # per y: ("body", k) | ("outer" | "copy", body atom)
         self.n_carry = n_carry
 
 
@@ -111,9 +111,11 @@ def _plan(body: Graph, C: int, K: int) -> _Plan | None:
                 exports.append(a)
     ys_out: list[tuple[str, Any]] = []
     body_ys: list[Atom] = []
-    for a in outs[K:]:
-        if type(a) is Var and (a.id in post_made or kind[a.id] == "S"):
+    for a in outs[K:]:      # made after the loop ("outer"), or before it or a step's input
+        if type(a) is Var and a.id in post_made:
             ys_out.append(("outer", a))
+        elif type(a) is Var and kind[a.id] == "S":
+            ys_out.append(("copy", a))
         else:
             ys_out.append(("body", len(body_ys)))
             body_ys.append(a)
@@ -175,12 +177,10 @@ def _apply(plan: _Plan, e: Eqn) -> list[Eqn]:
     want: dict[int, Var] = {}
     copies: list[tuple[Atom, Var]] = []
     for (w, a), v in zip(plan.ys_out, ys_vars):
-        if w == "outer":
-            if a.id in want or any(be.outvars[0].id == a.id for be, _ in plan.pre) or \
-                    a.id in {x.id for x in body.invars}:
-                copies.append((a, v))
-            else:
-                want[a.id] = v
+        if w == "copy" or (w == "outer" and a.id in want):
+            copies.append((a, v))
+        elif w == "outer":
+            want[a.id] = v
     for be in plan.post:
         ins = [(a, "L") if type(a) is Lit else env[a.id] for a in be.inputs]
         env[be.outvars[0].id] = (_batch(be, ins, T, eqns, src, want.get(be.outvars[0].id)),

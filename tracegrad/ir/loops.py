@@ -423,19 +423,22 @@ def _stack(atoms: list[Atom], producer: dict[int, Eqn], eqns: list[Eqn],
 def _evenly_spaced(made: list[Eqn | None]) -> tuple[int, int, int] | None:
     """(axis, start, step) when `made` are slices of one array equal but on one axis, where
     each takes the one element start + t * step; else None."""
-    e0 = made[0]
-    if e0 is None or e0.op != "slice" or any(
-            e is None or e.op != "slice" or e.inputs[0] is not e0.inputs[0] for e in made):
+    e0, e1 = made[0], made[1]
+    if e0 is None or e1 is None or e0.op != "slice" or e1.op != "slice":
         return None
-    idx0 = e0.params["index"]
-    axes = [k for k in range(len(idx0)) if any(e.params["index"][k] != idx0[k] for e in made)]
-    if len(axes) != 1:
+    src, idx0 = e0.inputs[0], e0.params["index"]
+    diff = [j for j, (a, b) in enumerate(zip(idx0, e1.params["index"])) if a != b]
+    if len(diff) != 1:
         return None
-    k = axes[0]
+    k = diff[0]
+    head, tail = idx0[:k], idx0[k + 1:]
     starts = []
     for e in made:
-        r = range(*e.params["index"][k])
-        if len(r) != 1:
+        if e is None or e.op != "slice" or e.inputs[0] is not src:
+            return None
+        idx = e.params["index"]
+        r = range(*idx[k])
+        if len(r) != 1 or idx[:k] != head or idx[k + 1:] != tail:
             return None
         starts.append(r[0])
     step = starts[1] - starts[0]
