@@ -361,3 +361,22 @@ def test_backward_graph_is_o1_in_the_length_and_weight_grads_are_one_matmul_each
         assert _ops(g).count("matmul") == 3        # xs @ U, and one for each weight gradient
         assert len(_scans(g)) == 2
     assert sizes[0] == sizes[1]
+
+
+def test_a_step_input_also_read_after_the_loop_keeps_its_slice():
+    W, xs = rand(3, 3, seed=11) / 2, rand(7, 1, 3, seed=12)
+
+    def f(W, xs):
+        h = xs[0] * 0.0
+        for t in range(7):
+            x = xs[t]
+            h = tg.tanh(h @ W + x) * x + tg.sin(x)     # x read three times per step
+        return tg.sum(h) + tg.sum(xs[4] * 3.0)         # and xs[4] again after the loop
+    g = tg.make_ir(f)(W, xs)
+    r = ir.roll_loops(g)
+    ir.verify(r)
+    assert _scans(r)
+    np.testing.assert_allclose(ir.interpret(r, [W, xs])[0], ir.interpret(g, [W, xs])[0],
+                               rtol=1e-13)
+    got, want = _rolled_and_unrolled(lambda: tg.grad(f, argnums=(0, 1))(W, xs))
+    _close(got, want)
