@@ -30,22 +30,34 @@ _EQN_KEYS: dict[Any, int] = {}       # an equation up to its input variables -> 
 _KEY_INTS = itertools.count()        # atomic: threads rolling at once never share an int
 
 
-def _depths(eqns: Sequence[Eqn]) -> list[int]:
-    """Each equation's distance from the graph inputs (1 + the deepest producer)."""
+def _survey(eqns: Sequence[Eqn], outvars: Sequence[Atom]
+            ) -> tuple[list[int], dict[int, Eqn], dict[int, int]]:
+    """In one pass: each equation's distance from the graph inputs (1 + the deepest
+    producer), the equation making each variable, and how many times each variable is read
+    (by an equation or as an output)."""
     depth_of: dict[int, int] = {}
+    producer: dict[int, Eqn] = {}
+    uses: dict[int, int] = {}
+    get_depth, get_uses = depth_of.get, uses.get
     out = []
     for e in eqns:
         d = 0
         for a in e.inputs:
             if type(a) is Var:
-                k = depth_of.get(a.id, 0)
+                i = a.id
+                uses[i] = get_uses(i, 0) + 1
+                k = get_depth(i, 0)
                 if k > d:
                     d = k
         d += 1
         out.append(d)
         for v in e.outvars:
             depth_of[v.id] = d
-    return out
+            producer[v.id] = e
+    for a in outvars:
+        if type(a) is Var:
+            uses[a.id] = get_uses(a.id, 0) + 1
+    return out, producer, uses
 
 
 def _key_table(order: Sequence[Eqn]) -> list[int]:
@@ -91,11 +103,11 @@ def _uses(order: Sequence[Eqn], outvars: Sequence[Atom]) -> dict[int, int]:
     return uses
 
 
-def _last_uses(order: Sequence[Eqn], outvars: Sequence[Atom]) -> dict[int, int]:
-    """Per variable, the position in `order` of its last reader (len(order) for outputs)."""
-    last = {a.id: pos for pos, e in enumerate(order) for a in e.inputs if type(a) is Var}
-    last.update({a.id: len(order) for a in outvars if type(a) is Var})
-    return last
+def _read_from(order: Sequence[Eqn], end: int, outvars: Sequence[Atom]) -> set[int]:
+    """The variables read at position `end` of `order` or later, or as outputs."""
+    read = {a.id for e in order[end:] for a in e.inputs if type(a) is Var}
+    read.update([a.id for a in outvars if type(a) is Var])
+    return read
 
 
 def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
@@ -110,19 +122,16 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
         return graph
     if len(_EQN_KEYS) > 1 << 16:
         _EQN_KEYS.clear()
-    depth = _depths(eqns)
+    depth, producer, uses = _survey(eqns, graph.outvars)
     order = [eqns[i] for i in sorted(range(n), key=depth.__getitem__)]
     keys = _key_table(order)
-    key_of = {id(e): k for e, k in zip(order, keys)}
-    uses = _uses(order, graph.outvars)
-    producer = {v.id: e for e in order for v in e.outvars}
+    key_of = dict(zip(map(id, order), keys))
     nxt = [n] * n
     seen: dict[int, int] = {}
     for i in range(n - 1, -1, -1):
         nxt[i] = seen.get(keys[i], n)
         seen[keys[i]] = i
     sunk: set[int] = set()
-    last_use: dict[int, int] | None = None
     position: dict[int, int] | None = None
     failed: dict[tuple[int, int], int] = {}   # (key, period) -> end of the run that failed
     out: list[Eqn] = []
@@ -159,10 +168,8 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
                         else:
                             blocks = kept
                 if flow is not None:
-                    if last_use is None:
-                        last_use = _last_uses(order, graph.outvars)
-                    out += _scan_eqns(blocks, flow, last_use, end, key_of, producer, uses,
-                                      sunk)
+                    out += _scan_eqns(blocks, flow, _read_from(order, end, graph.outvars),
+                                      key_of, producer, uses, sunk)
                     rolled = True
                     for blk in blocks:   # now inside a scan: never moved into another
                         for e in blk:
@@ -262,17 +269,21 @@ def _flow(blocks: list[list[Eqn]]) -> tuple | None:
     the same block, the previous block's value at one place (a carry), one outer value (a
     constant), or an outer value per block (a per-step input). Returns (per equation, per
     input: how the body reads it; the constants; the carries: (j, o) of the value -> its init;
-    the per-step inputs, each as its value in every block)."""
+    the per-step inputs, each as its value in every block; (where each value of the blocks
+    is, its width))."""
     reps, p = len(blocks), len(blocks[0])
-    width = max(len(e.outvars) for e in blocks[0])
+    width = max([len(e.outvars) for e in blocks[0]])
     stride = p * width             # value o of equation j of block k is (k * p + j) * width + o
-    where: dict[int, int] = {}
-    code = 0
-    for blk in blocks:
-        for e in blk:
-            for o, v in enumerate(e.outvars):
-                where[v.id] = code + o
-            code += width
+    if width == 1:
+        where = {e.outvars[0].id: c for c, e in enumerate(itertools.chain.from_iterable(blocks))}
+    else:
+        where = {}
+        code = 0
+        for blk in blocks:
+            for e in blk:
+                for o, v in enumerate(e.outvars):
+                    where[v.id] = code + o
+                code += width
     first, second = blocks[0], blocks[1]
     if not any(type(a) is Var and where.get(a.id, stride) < stride
                for e in second for a in e.inputs):
@@ -310,34 +321,37 @@ def _flow(blocks: list[list[Eqn]]) -> tuple | None:
                 row.append(("carry", src))
                 continue
             atoms = [blk[j].inputs[q] for blk in blocks]
-            if any(a.id in where for a in atoms):
-                return None              # read from another block
-            if all(a is a0 for a in atoms):
+            if all([a is a0 for a in atoms]):      # (a0 is not made in a block)
                 consts.setdefault(a0.id, a0)
                 row.append(("const", a0.id))
-            else:
-                row.append(("x", len(xs)))
-                xs.append(atoms)
+                continue
+            if any([a.id in where for a in atoms]):
+                return None              # read from another block
+            row.append(("x", len(xs)))
+            xs.append(atoms)
         plan.append(row)
-    return plan, consts, xs, carries
+    return plan, consts, xs, carries, (where, width)
 
 
-def _scan_eqns(blocks: list[list[Eqn]], flow: tuple, last_use: dict[int, int], end: int,
+def _scan_eqns(blocks: list[list[Eqn]], flow: tuple, after: set[int],
                key_of: dict[int, int], producer: dict[int, Eqn], uses: dict[int, int],
                dropped: set[int]) -> list[Eqn]:
     """The equations computing `blocks`: the per-step inputs stacked, the scan, and the
-    per-step values read at position `end` of the order or later (after the loop) taken out of
-    its stacked outputs. Equations made dead (the steps' `xs[t]`) are added to `dropped`."""
-    plan, consts, xs, carries = flow
+    per-step values read after the loop (their ids in `after`) taken out of its stacked
+    outputs. Equations made dead (the steps' `xs[t]`) are added to `dropped`."""
+    plan, consts, xs, carries, (where, width) = flow
     reps = len(blocks)
     first, last = blocks[0], blocks[-1]
-    ys: list[tuple[int, int]] = []
-    for j in range(len(first)):
-        for o in range(len(first[j].outvars)):
-            k_from = reps - 1 if (j, o) in carries else reps
-            if any(last_use.get(blocks[k][j].outvars[o].id, -1) >= end
-                   for k in range(k_from)):
-                ys.append((j, o))
+    stride = len(first) * width
+    read_after: dict[tuple[int, int], list[int]] = {}    # (j, o) -> the blocks read after
+    for vid in after:
+        c = where.get(vid)
+        if c is not None:
+            k, c = divmod(c, stride)
+            src = divmod(c, width)
+            if k < reps - 1 or src not in carries:     # (the last carry is the scan's)
+                read_after.setdefault(src, []).append(k)
+    ys = sorted(read_after)
     const_at = {vid: k for k, vid in enumerate(consts)}
     shape = (tuple([key_of[id(e)] for e in first]),
              tuple([tuple([(kind, const_at[arg]) if kind == "const" else
@@ -369,13 +383,12 @@ def _scan_eqns(blocks: list[list[Eqn]], flow: tuple, last_use: dict[int, int], e
         a = first[j].outvars[o].aval
         whole = Var(Aval((reps,) + a.shape, a.dtype))
         outvars.append(whole)
-        for k in range((reps - 1) if (j, o) in carries else reps):
+        for k in sorted(read_after[(j, o)]):
             v = blocks[k][j].outvars[o]
-            if last_use.get(v.id, -1) >= end:
-                index = ((k, k + 1, 1),) + tuple((0, d, 1) for d in a.shape)
-                part = Var(Aval((1,) + a.shape, a.dtype))
-                taken.append(Eqn("slice", [whole], [part], {"index": index}, source))
-                taken.append(Eqn("reshape", [part], [v], {"shape": a.shape}, source))
+            index = ((k, k + 1, 1),) + tuple((0, d, 1) for d in a.shape)
+            part = Var(Aval((1,) + a.shape, a.dtype))
+            taken.append(Eqn("slice", [whole], [part], {"index": index}, source))
+            taken.append(Eqn("reshape", [part], [v], {"shape": a.shape}, source))
     scan = Eqn("scan", inputs, outvars, {"body": body, "length": reps,
                                          "n_consts": len(consts), "n_carry": len(carries)},
                source)
@@ -449,7 +462,7 @@ def _evenly_spaced(made: list[Eqn | None]) -> tuple[int, int, int] | None:
 
 def _body(first: list[Eqn], flow: tuple, ys: list[tuple[int, int]]) -> Graph:
     """The scan body: the first block's equations reading the body's inputs."""
-    plan, consts, xs, carries = flow
+    plan, consts, xs, carries, _ = flow
     c_in = {vid: Var(v.aval) for vid, v in consts.items()}
     carry_src = list(carries)
     k_in = {src: Var(first[src[0]].outvars[src[1]].aval) for src in carry_src}
