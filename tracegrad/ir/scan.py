@@ -14,8 +14,9 @@ import numpy as np
 
 from . import emit as E
 from .builder import Builder, Traced, bind
-from .core import Atom, Aval, Eqn, Graph, Lit, Var, is_float, remember
+from .core import Atom, Eqn, Graph, Var, is_float, remember
 from .fission import fission
+from .unroll import unroll_scans
 
 
 def has_scan(graph: Graph) -> bool:
@@ -32,100 +33,6 @@ def steps_of(params: dict) -> range:
     """The iterations of a scan in the order they run."""
     n = params["length"]
     return range(n - 1, -1, -1) if params.get("reverse") else range(n)
-
-
-# ---- unrolling ---------------------------------------------------------------------------------
-
-def unroll_scans(graph: Graph) -> Graph:
-    """`graph` with every scan (nested ones too) written out as `length` copies of its body,
-    with fresh variables: step t reads `slice`s of the stacked xs and the ys are the steps'
-    values concatenated. A body's constants become constants of the result, once per scan
-    equation. Returns `graph` itself when it holds no scan."""
-    if not has_scan(graph):
-        return graph
-    return _unroll(graph, {})
-
-
-def _unroll(graph: Graph, flat: dict[int, Graph]) -> Graph:
-    """`flat`: id(body) -> the body unrolled, for the bodies met in this call."""
-    eqns: list[Eqn] = []
-    constvars, consts = list(graph.constvars), list(graph.consts)
-    subst: dict[int, Atom] = {}
-
-    def read(a: Atom) -> Atom:
-        return subst.get(a.id, a) if type(a) is Var else a
-
-    def emit(op: str, ins: list[Atom], aval: Aval, params: dict, source: str | None) -> Var:
-        v = Var(aval)
-        eqns.append(Eqn(op, ins, [v], params, source))
-        return v
-
-    for e in graph.eqns:
-        if e.op != "scan":
-            ins = [read(a) for a in e.inputs]
-            same = all(x is y for x, y in zip(ins, e.inputs))
-            eqns.append(e if same else Eqn(e.op, ins, e.outvars, e.params, e.source))
-            continue
-        body = e.params["body"]
-        if has_scan(body):
-            hit = flat.get(id(body))
-            if hit is None:
-                hit = flat[id(body)] = _unroll(body, flat)
-            body = hit
-        env: dict[int, Atom] = {}
-        for v, c in zip(body.constvars, body.consts):
-            env[v.id] = w = Var(v.aval)
-            constvars.append(w)
-            consts.append(c)
-        const_in, carry, xs = split_inputs(e)
-        const_in, carry, xs = [read(a) for a in const_in], [read(a) for a in carry], \
-            [read(a) for a in xs]
-        k, n, src = e.params["n_carry"], e.params["length"], e.source
-        x_avals = body.in_avals[len(const_in) + k:]
-        ys: list[list[Atom]] = [[None] * n for _ in body.outvars[k:]]   # type: ignore
-        for t in steps_of(e.params):
-            x_t = []
-            for x, a in zip(xs, x_avals):
-                index = ((t, t + 1, 1),) + tuple((0, d, 1) for d in a.shape)
-                part = emit("slice", [x], Aval((1,) + a.shape, a.dtype), {"index": index}, src)
-                x_t.append(emit("reshape", [part], a, {"shape": a.shape}, src))
-            outs = _inline(body, const_in + carry + x_t, env, eqns, src)
-            carry = outs[:k]
-            for y, o in zip(ys, outs[k:]):
-                y[t] = o
-        stacked: list[Atom] = []
-        for y, v in zip(ys, e.outvars[k:]):
-            a = v.aval
-            one = Aval((1,) + a.shape[1:], a.dtype)
-            if all(type(o) is Lit and o.key() == y[0].key() for o in y):
-                stacked.append(emit("full", [], a, {"shape": a.shape, "value": y[0].value.item(),
-                                                    "dtype": a.dtype}, src))
-                continue
-            parts = [emit("reshape", [o], one, {"shape": one.shape}, src) for o in y]
-            stacked.append(parts[0] if n == 1 else
-                           emit("concatenate", parts, a, {"axis": 0}, src))
-        for v, a in zip(e.outvars, carry + stacked):
-            subst[v.id] = a
-    return Graph(graph.invars, eqns, [read(a) for a in graph.outvars], constvars, consts)
-
-
-def _inline(body: Graph, args: Sequence[Atom], env: dict[int, Atom], eqns: list[Eqn],
-            source: str | None) -> list[Atom]:
-    """Append a copy of `body`'s equations reading `args` (and `env`, its constants); return
-    the atoms its outputs are."""
-    env = dict(env)
-    for v, a in zip(body.invars, args):
-        env[v.id] = a
-
-    def read(a: Atom) -> Atom:
-        return a if type(a) is Lit else env[a.id]
-
-    for e in body.eqns:
-        outs = [Var(v.aval) for v in e.outvars]
-        for v, o in zip(e.outvars, outs):
-            env[v.id] = o
-        eqns.append(Eqn(e.op, [read(a) for a in e.inputs], outs, e.params, e.source or source))
-    return [read(a) for a in body.outvars]
 
 
 # ---- forward mode ------------------------------------------------------------------------------

@@ -1,0 +1,182 @@
+"""Unrolling scans for code that has no loops (the native backend's fusion planner).
+
+A scan's stacked outputs (`ys`, the VJP's residuals) are kept as their steps' separate values
+for as long as what reads them works step by step: elementwise equations on them run per step,
+and a later scan reads its step inputs from them directly. Only a reader that needs the whole
+array (a matmul of the stacked steps, an output) gets them concatenated. So the unrolled
+forward and reverse loops of a VJP meet value by value, as the trace of a Python loop does,
+and fusion sees one chain instead of `length` kernels cut apart by slices and concatenates.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .core import Atom, Aval, Eqn, Graph, Lit, Var
+from .ops import OPS
+
+_PER_STEP = {"unary", "binary", "select", "compare"}    # kinds that work element by element
+
+
+class _Steps:
+    """A stacked value as its steps' values: `parts[t]` is row `t` (its aval `aval.shape[1:]`)."""
+    __slots__ = ("parts", "aval", "whole")
+
+    def __init__(self, parts: list[Atom], aval: Aval):
+        self.parts = parts
+        self.aval = aval
+        self.whole: Atom | None = None     # the concatenation, once something needed it
+
+
+def unroll_scans(graph: Graph) -> Graph:
+    """`graph` with every scan (nested ones too) written out as `length` copies of its body,
+    with fresh variables. Step t of a scan reads row t of a stacked input: the value step t of
+    an earlier scan made, or a `slice` of an array. Returns `graph` itself when it holds no
+    scan."""
+    if not any(e.op == "scan" for e in graph.eqns):
+        return graph
+    return _Unroller(graph, {}).run()
+
+
+class _Unroller:
+    def __init__(self, graph: Graph, flat: dict[int, Graph]):
+        self.graph = graph
+        self.flat = flat        # id(body) -> the body unrolled, for the bodies met in this call
+        self.eqns: list[Eqn] = []
+        self.constvars, self.consts = list(graph.constvars), list(graph.consts)
+        self.env: dict[int, Atom | _Steps] = {}
+
+    def run(self) -> Graph:
+        for e in self.graph.eqns:
+            if e.op == "scan":
+                self.scan(e)
+            elif not any(type(a) is Var and type(self.env.get(a.id)) is _Steps
+                         for a in e.inputs):
+                self.copy(e)
+            elif not self.per_step(e):
+                self.copy(e)
+        outs = [self.whole(a) for a in self.graph.outvars]
+        return Graph(self.graph.invars, self.eqns, outs, self.constvars, self.consts)
+
+    # -- values ---------------------------------------------------------------------------------
+
+    def whole(self, a: Atom) -> Atom:
+        """`a` as one value (its steps concatenated when it is known by steps)."""
+        if type(a) is not Var:
+            return a
+        got = self.env.get(a.id, a)
+        if type(got) is not _Steps:
+            return got
+        if got.whole is None:
+            got.whole = self.concatenate(got)
+        return got.whole
+
+    def concatenate(self, s: _Steps) -> Atom:
+        a, parts = s.aval, s.parts
+        if all(type(o) is Lit and o.key() == parts[0].key() for o in parts):
+            return self.emit("full", [], a, {"shape": a.shape, "value": parts[0].value.item(),
+                                             "dtype": a.dtype})
+        one = Aval((1,) + a.shape[1:], a.dtype)
+        rows = [self.emit("reshape", [o], one, {"shape": one.shape}) for o in parts]
+        return rows[0] if len(rows) == 1 else self.emit("concatenate", rows, a, {"axis": 0})
+
+    def row(self, x: Atom, t: int, aval: Aval, source: str | None) -> Atom:
+        """Row `t` of the stacked value `x` (aval: a row's)."""
+        got = self.env.get(x.id) if type(x) is Var else None
+        if type(got) is _Steps:
+            return got.parts[t]
+        x = self.whole(x)
+        index = ((t, t + 1, 1),) + tuple((0, d, 1) for d in aval.shape)
+        part = self.emit("slice", [x], Aval((1,) + aval.shape, aval.dtype), {"index": index},
+                         source)
+        return self.emit("reshape", [part], aval, {"shape": aval.shape}, source)
+
+    def emit(self, op: str, ins: list[Atom], aval: Aval, params: dict,
+             source: str | None = None) -> Var:
+        v = Var(aval)
+        self.eqns.append(Eqn(op, ins, [v], params, source))
+        return v
+
+    # -- equations ------------------------------------------------------------------------------
+
+    def copy(self, e: Eqn) -> None:
+        ins = [self.whole(a) for a in e.inputs]
+        same = all(x is y for x, y in zip(ins, e.inputs))
+        self.eqns.append(e if same else Eqn(e.op, ins, e.outvars, e.params, e.source))
+
+    def per_step(self, e: Eqn) -> bool:
+        """Write an elementwise equation on values known by steps as one equation per step;
+        False (nothing written) when it is not one: other kinds, broadcasting, arrays."""
+        if OPS[e.op].kind not in _PER_STEP or len(e.outvars) != 1:
+            return False
+        out = e.outvars[0].aval
+        if not out.shape:
+            return False
+        row = Aval(out.shape[1:], out.dtype)
+        n = out.shape[0]
+        ins: list[_Steps | Lit] = []
+        for a in e.inputs:
+            if type(a) is Lit:
+                if a.aval.shape:
+                    return False
+                ins.append(a)
+                continue
+            s = self.env.get(a.id)
+            if type(s) is not _Steps or s.aval.shape != out.shape or \
+                    any(type(o) is Lit for o in s.parts):
+                return False
+            ins.append(s)
+        parts = []
+        for t in range(n):
+            parts.append(self.emit(e.op, [x if type(x) is Lit else x.parts[t] for x in ins],
+                                   row, e.params, e.source))
+        self.env[e.outvars[0].id] = _Steps(parts, out)
+        return True
+
+    def scan(self, e: Eqn) -> None:
+        p = e.params
+        body = p["body"]
+        if any(x.op == "scan" for x in body.eqns):
+            hit = self.flat.get(id(body))
+            if hit is None:
+                hit = self.flat[id(body)] = _Unroller(body, self.flat).run()
+            body = hit
+        env: dict[int, Atom] = {}
+        for v, c in zip(body.constvars, body.consts):
+            env[v.id] = w = Var(v.aval)
+            self.constvars.append(w)
+            self.consts.append(c)
+        c, k, n = p["n_consts"], p["n_carry"], p["length"]
+        const_in = [self.whole(a) for a in e.inputs[:c]]
+        carry = [self.whole(a) for a in e.inputs[c:c + k]]
+        xs = list(e.inputs[c + k:])
+        x_avals = body.in_avals[c + k:]
+        ys: list[list[Atom]] = [[None] * n for _ in body.outvars[k:]]   # type: ignore
+        for t in (range(n - 1, -1, -1) if p.get("reverse") else range(n)):
+            x_t = [self.row(x, t, a, e.source) for x, a in zip(xs, x_avals)]
+            outs = _inline(body, const_in + carry + x_t, env, self.eqns, e.source)
+            carry = outs[:k]
+            for y, o in zip(ys, outs[k:]):
+                y[t] = o
+        for v, a in zip(e.outvars[:k], carry):
+            self.env[v.id] = a
+        for v, parts in zip(e.outvars[k:], ys):
+            self.env[v.id] = _Steps(parts, v.aval)
+
+
+def _inline(body: Graph, args: Sequence[Atom], env: dict[int, Atom], eqns: list[Eqn],
+            source: str | None) -> list[Atom]:
+    """Append a copy of `body`'s equations reading `args` (and `env`, its constants); return
+    the atoms its outputs are."""
+    env = dict(env)
+    for v, a in zip(body.invars, args):
+        env[v.id] = a
+
+    def read(a: Atom) -> Atom:
+        return a if type(a) is Lit else env[a.id]
+
+    for e in body.eqns:
+        outs = [Var(v.aval) for v in e.outvars]
+        for v, o in zip(e.outvars, outs):
+            env[v.id] = o
+        eqns.append(Eqn(e.op, [read(a) for a in e.inputs], outs, e.params, e.source or source))
+    return [read(a) for a in body.outvars]
