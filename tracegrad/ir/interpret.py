@@ -176,12 +176,16 @@ _FNS: dict[Any, Callable] = {}   # (op, params, input and output types) -> step 
 
 def _step_fn(e: Any, multi: bool) -> Callable:
     """The function running `e` in a Program; equations of one signature share it."""
-    try:
-        key = (e.op, _frozen_params(e.params), *[a.aval for a in e.inputs],
-               *[v.aval for v in e.outvars])
+    head = (e.op, *[a.aval for a in e.inputs], None, *[v.aval for v in e.outvars])
+    try:    # params as given; equal dicts listed in another order only miss
+        key = (head, tuple(e.params.items()))
         fn = _FNS.get(key)
-    except TypeError:   # params that cannot be hashed
-        key = fn = None
+    except TypeError:
+        try:
+            key = (head, _frozen_params(e.params))
+            fn = _FNS.get(key)
+        except TypeError:   # params that cannot be hashed
+            key = fn = None
     if fn is not None:
         return fn
     fn = None if multi else _fast_fn(e)

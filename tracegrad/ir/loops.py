@@ -445,6 +445,15 @@ def _evenly_spaced(made: list[Eqn | None]) -> tuple[int, int, int] | None:
         return None
     k = diff[0]
     head, tail = idx0[:k], idx0[k + 1:]
+    if type(idx0) is tuple and len(idx0[k]) == 3 and idx0[k][1] == idx0[k][0] + 1 and \
+            idx0[k][2] == 1 and e1.params["index"][k][0] != idx0[k][0]:
+        # the usual `xs[t]`: each index as expected
+        a = idx0[k][0]
+        step = e1.params["index"][k][0] - a
+        if all([e is not None and e.op == "slice" and e.inputs[0] is src and
+                e.params["index"] == head + ((s, s + 1, 1),) + tail
+                for e, s in zip(made, range(a, a + len(made) * step, step))]):
+            return k, a, step
     starts = []
     for e in made:
         if e is None or e.op != "slice" or e.inputs[0] is not src:
@@ -709,12 +718,14 @@ def scan_vjp(gs: list, *ins: Traced, out: list, body: Graph, length: int, n_cons
             lhs_t, rhs_t = how
             lhs, rhs = per_step[col], per_step[col + 1]
             # sum_t a_t @ b_t = [a_0 a_1 ...] @ [b_0; b_1; ...]
-            lhs = _put(b, "transpose", _rows(b, lhs), _FLIP) if lhs_t else _cols(b, lhs)
-            rhs = _put(b, "transpose", _cols(b, rhs), _FLIP) if rhs_t else _rows(b, rhs)
-            grads[i] = _put(b, "matmul", [lhs, rhs], {})
+            lhs = _flip(b, _rows(b, lhs)) if lhs_t else _cols(b, lhs)
+            rhs = _flip(b, _cols(b, rhs)) if rhs_t else _rows(b, rhs)
+            grads[i] = _put(b, "matmul", [lhs, rhs], {},
+                            (lhs.aval.shape[0], rhs.aval.shape[1]))
             col += 2
         else:
-            grads[i] = _put(b, "reduce_sum", per_step[col], _AXES0)
+            grads[i] = _put(b, "reduce_sum", per_step[col], _AXES0,
+                            per_step[col].aval.shape[1:])
             col += 1
     for q in lin.x_grads:
         if need[C + K + q]:
@@ -726,28 +737,39 @@ def scan_vjp(gs: list, *ins: Traced, out: list, body: Graph, length: int, n_cons
 _FLIP, _AXES0, _SWAP01 = {"perm": (1, 0)}, {"axes": (0,)}, {"perm": (1, 0, 2)}
 
 
-def _put(b: Builder, op: str, x: Any, params: dict) -> Traced:
-    """Record `op` on `x` (one value or a list), typed by its rule and nothing else: the
+def _put(b: Builder, op: str, x: Any, params: dict, shape: tuple | None = None) -> Traced:
+    """Record `op` on `x` (one value or a list), of type `shape` and the inputs' dtype when
+    given (the result's shape follows from the inputs' here), else typed by its rule: the
     scan's VJP makes a few such equations per trace, each with a new length in its type."""
     ins = [b.atom(t) for t in (x if type(x) is list else [x])]
-    aval = OPS[op].rule(*[a.aval for a in ins], **params)
+    dt = ins[0].aval.dtype
+    if shape is None or any(a.aval.dtype != dt for a in ins):
+        aval = OPS[op].rule(*[a.aval for a in ins], **params)
+    else:
+        aval = Aval(shape, dt)
     v = Var(aval)
     b.eqns.append(Eqn(op, ins, [v], params, b.source_override))
     return Traced(b, v)
 
 
+def _flip(b: Builder, x: Traced) -> Traced:
+    """The transpose of 2-d `x`."""
+    r, c = x.aval.shape
+    return _put(b, "transpose", x, _FLIP, (c, r))
+
+
 def _rows(b: Builder, stacked: Traced) -> Traced:
     """The 2-d steps of `stacked` (T, r, c) one under the other: (T r, c)."""
     t, r, c = stacked.aval.shape
-    return _put(b, "reshape", stacked, {"shape": (t * r, c)})
+    return _put(b, "reshape", stacked, {"shape": (t * r, c)}, (t * r, c))
 
 
 def _cols(b: Builder, stacked: Traced) -> Traced:
     """The 2-d steps of `stacked` (T, r, c) side by side: (r, T c)."""
     t, r, c = stacked.aval.shape
     if r != 1:
-        stacked = _put(b, "transpose", stacked, _SWAP01)
-    return _put(b, "reshape", stacked, {"shape": (r, t * c)})
+        stacked = _put(b, "transpose", stacked, _SWAP01, (r, t, c))
+    return _put(b, "reshape", stacked, {"shape": (r, t * c)}, (r, t * c))
 
 
 def _emit_scan(b: Builder, atoms: list, params: dict) -> list[Traced]:
