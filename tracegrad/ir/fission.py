@@ -18,6 +18,18 @@ _NOT_HOISTED = {"custom_vjp_call", "scan"}     # (a scan on constants only is, a
 
 # id(body), n_consts, n_carry -> (body, the plan or None)
 _PLANS: dict[Any, tuple[Graph, Any]] = {}
+_AVALS: dict[tuple, Aval] = {}
+
+
+def aval(shape: tuple, dtype: Any) -> Aval:
+    """The Aval of `shape` and `dtype`, one object per type: making one costs microseconds
+    (several per scan made each trace), and equal avals that are one object compare at once
+    in the memo tables they key."""
+    key = (shape, dtype)
+    a = _AVALS.get(key)
+    if a is None:
+        a = remember(_AVALS, key, Aval(shape, dtype), 4096)
+    return a
 
 
 def fission(e: Eqn) -> list[Eqn] | None:
@@ -140,7 +152,7 @@ def _probe(a: Atom, k: str) -> tuple:
     """An input of a candidate batched equation, stacked over a length of 2, for `_batch`."""
     if k == "L":
         return a, "L"
-    return Var(Aval((2,) + a.aval.shape, a.aval.dtype) if k == "S" else a.aval), k
+    return Var(aval((2,) + a.aval.shape, a.aval.dtype) if k == "S" else a.aval), k
 
 
 def _apply(plan: _Plan, e: Eqn) -> list[Eqn]:
@@ -167,7 +179,7 @@ def _apply(plan: _Plan, e: Eqn) -> list[Eqn]:
     exports = new_body.outvars[K + n_ys:]
     ys_vars = e.outvars[K:]
     body_ys = [v for (w, _), v in zip(plan.ys_out, ys_vars) if w == "body"]
-    export_vars = [Var(Aval((T,) + a.aval.shape, a.aval.dtype)) for a in exports]
+    export_vars = [Var(aval((T,) + a.aval.shape, a.aval.dtype)) for a in exports]
     env.update({a.id: (v, "S") for a, v in zip(exports, export_vars)})
     inputs = [env[i][0] for i in plan.consts_in] + list(e.inputs[C:C + K]) + \
         [env[i][0] for i in plan.xs_in]
@@ -198,11 +210,11 @@ def _batch(e: Eqn, ins: list[tuple[Atom, str]], T: int, eqns: list[Eqn] | None =
     None: only asking)."""
     op, params = e.op, e.params
     o = e.outvars[0].aval
-    whole = Aval((T,) + o.shape, o.dtype)
+    whole = aval((T,) + o.shape, o.dtype)
     steps: list[tuple[str, list, dict, Aval]] = []    # (op, inputs, params, result)
 
-    def add(op_: str, args: list, ps: dict, aval: Aval) -> Any:
-        steps.append((op_, args, ps, aval))
+    def add(op_: str, args: list, ps: dict, result: Aval) -> Any:
+        steps.append((op_, args, ps, result))
         return ("step", len(steps) - 1)
 
     kinds = [k for _, k in ins]
@@ -213,7 +225,7 @@ def _batch(e: Eqn, ins: list[tuple[Atom, str]], T: int, eqns: list[Eqn] | None =
         for a, k in ins:
             if k == "S" and a.aval.ndim - 1 < o.ndim:     # line its axes up with the output's
                 shape = (T,) + (1,) * (o.ndim - a.aval.ndim + 1) + a.aval.shape[1:]
-                args.append(add("reshape", [a], {"shape": shape}, Aval(shape, a.aval.dtype)))
+                args.append(add("reshape", [a], {"shape": shape}, aval(shape, a.aval.dtype)))
             elif k == "I" and a.aval.ndim > o.ndim:
                 return None
             else:
@@ -242,7 +254,7 @@ def _batch(e: Eqn, ins: list[tuple[Atom, str]], T: int, eqns: list[Eqn] | None =
         x = a
         if a.aval.ndim - 1 < o.ndim:
             shape = (T,) + (1,) * (o.ndim - a.aval.ndim + 1) + a.aval.shape[1:]
-            x = add("reshape", [a], {"shape": shape}, Aval(shape, a.aval.dtype))
+            x = add("reshape", [a], {"shape": shape}, aval(shape, a.aval.dtype))
         add(op, [x], {"shape": whole.shape}, whole)
     elif kind == "reduce" and "axes" in params:
         add(op, atoms, {"axes": tuple(q + 1 for q in params["axes"])}, whole)
@@ -253,8 +265,8 @@ def _batch(e: Eqn, ins: list[tuple[Atom, str]], T: int, eqns: list[Eqn] | None =
     if eqns is None:     # asked: check the steps' types once, when the plan is made
         return atoms[0] if _typed(steps) else None
     made: list[Var] = []
-    for i, (op_, args, ps, aval) in enumerate(steps):
-        v = out if (out is not None and i == len(steps) - 1) else Var(aval)
+    for i, (op_, args, ps, result) in enumerate(steps):
+        v = out if (out is not None and i == len(steps) - 1) else Var(result)
         real = [made[x[1]] if type(x) is tuple else x for x in args]
         eqns.append(Eqn(op_, real, [v], ps, e.source or source))
         made.append(v)
@@ -263,15 +275,15 @@ def _batch(e: Eqn, ins: list[tuple[Atom, str]], T: int, eqns: list[Eqn] | None =
 
 def _typed(steps: list) -> bool:
     avals: list[Aval] = []
-    for op, args, ps, aval in steps:
+    for op, args, ps, result in steps:
         ins = [avals[x[1]] if type(x) is tuple else x.aval for x in args]
         try:
             got = OPS[op].rule(*ins, **ps)
         except (ValueError, TypeError):
             return False
-        if got != aval:
+        if got != result:
             return False
-        avals.append(aval)
+        avals.append(result)
     return True
 
 
@@ -286,16 +298,16 @@ def _matmul(atoms: list, kinds: list, T: int, o: Aval, whole: Aval, add: Any) ->
         add("matmul", [a, b], {}, whole)
     elif kinds == ["S", "I"]:        # x_t @ C for every t: one (T m, k) @ (k, n)
         k = a.aval.shape[2]
-        rows = add("reshape", [a], {"shape": (T * m, k)}, Aval((T * m, k), dt))
-        prod = add("matmul", [rows, b], {}, Aval((T * m, n), dt))
+        rows = add("reshape", [a], {"shape": (T * m, k)}, aval((T * m, k), dt))
+        prod = add("matmul", [rows, b], {}, aval((T * m, n), dt))
         add("reshape", [prod], {"shape": whole.shape}, whole)
     elif kinds == ["I", "S"]:        # C @ x_t = (x_t^T @ C^T)^T
         k = b.aval.shape[1]
-        bt = add("transpose", [b], {"perm": (0, 2, 1)}, Aval((T, n, k), dt))
-        rows = add("reshape", [bt], {"shape": (T * n, k)}, Aval((T * n, k), dt))
-        ct = add("transpose", [a], {"perm": (1, 0)}, Aval((k, m), dt))
-        prod = add("matmul", [rows, ct], {}, Aval((T * n, m), dt))
-        back = add("reshape", [prod], {"shape": (T, n, m)}, Aval((T, n, m), dt))
+        bt = add("transpose", [b], {"perm": (0, 2, 1)}, aval((T, n, k), dt))
+        rows = add("reshape", [bt], {"shape": (T * n, k)}, aval((T * n, k), dt))
+        ct = add("transpose", [a], {"perm": (1, 0)}, aval((k, m), dt))
+        prod = add("matmul", [rows, ct], {}, aval((T * n, m), dt))
+        back = add("reshape", [prod], {"shape": (T, n, m)}, aval((T, n, m), dt))
         add("transpose", [back], {"perm": (0, 2, 1)}, whole)
     else:
         return False
@@ -321,4 +333,4 @@ def fold_reshapes(eqns: list[Eqn], visible: set[int]) -> list[Eqn]:
                                    and e.outvars[0].id not in visible)]
 
 
-__all__ = ["fission", "fold_reshapes"]
+__all__ = ["aval", "fission", "fold_reshapes"]

@@ -17,8 +17,8 @@ from typing import Any, Sequence
 
 from . import emit as E
 from .builder import Builder, Traced
-from .core import Atom, Aval, Eqn, Graph, Lit, Var, is_float, remember
-from .fission import fission, fold_reshapes
+from .core import Atom, Eqn, Graph, Lit, Var, is_float, remember
+from .fission import aval, fission, fold_reshapes
 from .ops import OPS
 from .passes import _frozen_params, dce
 
@@ -381,12 +381,12 @@ def _scan_eqns(blocks: list[list[Eqn]], flow: tuple, after: set[int],
     taken: list[Eqn] = []
     for j, o in ys:
         a = first[j].outvars[o].aval
-        whole = Var(Aval((reps,) + a.shape, a.dtype))
+        whole = Var(aval((reps,) + a.shape, a.dtype))
         outvars.append(whole)
         for k in sorted(read_after[(j, o)]):
             v = blocks[k][j].outvars[o]
             index = ((k, k + 1, 1),) + tuple((0, d, 1) for d in a.shape)
-            part = Var(Aval((1,) + a.shape, a.dtype))
+            part = Var(aval((1,) + a.shape, a.dtype))
             taken.append(Eqn("slice", [whole], [part], {"index": index}, source))
             taken.append(Eqn("reshape", [part], [v], {"shape": a.shape}, source))
     scan = Eqn("scan", inputs, outvars, {"body": body, "length": reps,
@@ -403,7 +403,7 @@ def _stack(atoms: list[Atom], producer: dict[int, Eqn], eqns: list[Eqn],
     spaced positions of one axis (`xs[t]`), else a concatenate of each."""
     a = atoms[0].aval
     n = len(atoms)
-    out = Aval((n,) + a.shape, a.dtype)
+    out = aval((n,) + a.shape, a.dtype)
     made = [producer.get(x.id) for x in atoms]
     axis = _evenly_spaced(made)
     if axis is not None:
@@ -412,17 +412,17 @@ def _stack(atoms: list[Atom], producer: dict[int, Eqn], eqns: list[Eqn],
         index = list(made[0].params["index"])
         index[k] = (start, start + n * step, step)
         part_shape = a.shape[:k] + (n,) + a.shape[k + 1:]
-        part = Var(Aval(part_shape, a.dtype))
+        part = Var(aval(part_shape, a.dtype))
         eqns.append(Eqn("slice", [src], [part], {"index": tuple(index)}, source))
         if k:
             perm = (k,) + tuple(i for i in range(len(a.shape)) if i != k)
-            moved = Var(Aval(tuple(part_shape[p] for p in perm), a.dtype))
+            moved = Var(aval(tuple(part_shape[p] for p in perm), a.dtype))
             eqns.append(Eqn("transpose", [part], [moved], {"perm": perm}, source))
             part = moved
         whole = Var(out)
         eqns.append(Eqn("reshape", [part], [whole], {"shape": out.shape}, source))
         return whole
-    one = Aval((1,) + a.shape, a.dtype)
+    one = aval((1,) + a.shape, a.dtype)
     parts = []
     for x in atoms:
         v = Var(one)
@@ -744,10 +744,10 @@ def _put(b: Builder, op: str, x: Any, params: dict, shape: tuple | None = None) 
     ins = [b.atom(t) for t in (x if type(x) is list else [x])]
     dt = ins[0].aval.dtype
     if shape is None or any(a.aval.dtype != dt for a in ins):
-        aval = OPS[op].rule(*[a.aval for a in ins], **params)
+        out_aval = OPS[op].rule(*[a.aval for a in ins], **params)
     else:
-        aval = Aval(shape, dt)
-    v = Var(aval)
+        out_aval = aval(shape, dt)
+    v = Var(out_aval)
     b.eqns.append(Eqn(op, ins, [v], params, b.source_override))
     return Traced(b, v)
 
@@ -776,7 +776,7 @@ def _emit_scan(b: Builder, atoms: list, params: dict) -> list[Traced]:
     """Record a scan built here (its types hold by construction: no rule check)."""
     body, K, T = params["body"], params["n_carry"], params["length"]
     avals = body.out_avals
-    outs = [Var(a) for a in avals[:K]] + [Var(Aval((T,) + a.shape, a.dtype))
+    outs = [Var(a) for a in avals[:K]] + [Var(aval((T,) + a.shape, a.dtype))
                                           for a in avals[K:]]
     e = Eqn("scan", atoms, outs, params, b.source_override)
     b.eqns += fission(e) or [e]
@@ -798,7 +798,7 @@ def _forward_with_residuals(b: Builder, lin: _Linear, ins: Sequence[Traced], out
         if reverse:
             params["reverse"] = True
         return _emit_scan(b, atoms, params)[len(body.outvars):]
-    extra = [Var(Aval((T,) + v.aval.shape, v.aval.dtype))
+    extra = [Var(aval((T,) + v.aval.shape, v.aval.dtype))
              for v in lin.fwd.outvars[len(body.outvars):]]
     eqn.outvars = eqn.outvars + extra
     eqn.params = {**eqn.params, "body": lin.fwd}
