@@ -202,42 +202,43 @@ class Program:
 
     def __init__(self, graph: Graph):
         self.graph = graph
-        slots: dict[int, int] = {}
-        init: list[Any] = []
-
-        def new(value: Any = None) -> int:
-            init.append(value)
-            return len(init) - 1
-
-        for v in graph.invars:
-            slots[v.id] = new()
+        slots: dict[int, int] = {v.id: k for k, v in enumerate(graph.invars)}
+        init: list[Any] = [None] * len(graph.invars)
         for v, c in zip(graph.constvars, graph.consts):
-            slots[v.id] = new(np.asarray(c))
+            slots[v.id] = len(init)
+            init.append(np.asarray(c))
         lits: dict[Any, int] = {}
 
         def slot_of(a: Any) -> int:
-            if isinstance(a, Lit):
-                key = a.key()
-                k = lits.get(key)
-                if k is None:
-                    k = lits[key] = new(a.value)
-                return k
-            return slots[a.id]
+            if type(a) is not Lit:
+                return slots[a.id]
+            key = a.key()
+            k = lits.get(key)
+            if k is None:
+                k = lits[key] = len(init)
+                init.append(a.value)
+            return k
 
         steps: list[tuple] = []
         for e in _live(graph):
-            if e.op in _CREATE:
-                val = np.asarray(OPS[e.op].ref(**e.params), e.outvars[0].aval.dtype)
-                slots[e.outvars[0].id] = new(val.reshape(e.outvars[0].aval.shape))
+            op, outvars = e.op, e.outvars
+            if op in _CREATE:
+                val = np.asarray(OPS[op].ref(**e.params), outvars[0].aval.dtype)
+                slots[outvars[0].id] = len(init)
+                init.append(val.reshape(outvars[0].aval.shape))
                 continue
-            ins = tuple([slot_of(a) for a in e.inputs])
-            multi = OPS[e.op].multi_out
-            fn = _scan_fn(e) if e.op == "scan" else _step_fn(e, multi)
-            outs = tuple([new() for _ in e.outvars])
-            for v, k in zip(e.outvars, outs):
+            ins = tuple([slots[a.id] if type(a) is not Lit else slot_of(a) for a in e.inputs])
+            first = len(init)
+            init += [None] * len(outvars)
+            if len(outvars) == 1 and not OPS[op].multi_out:
+                slots[outvars[0].id] = first
+                fn = _scan_fn(e) if op == "scan" else _step_fn(e, False)
+                steps.append((fn, ins, first, len(ins)))
+                continue
+            for k, v in enumerate(outvars, first):
                 slots[v.id] = k
-            steps.append((fn, ins, outs[0] if not multi else outs, len(ins) if not multi
-                          else -1))
+            fn = _scan_fn(e) if op == "scan" else _step_fn(e, True)
+            steps.append((fn, ins, tuple(range(first, len(init))), -1))
         self.init = init
         self.steps = steps
         self.outs = [slot_of(a) for a in graph.outvars]
