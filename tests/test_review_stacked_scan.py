@@ -1,0 +1,166 @@
+"""Review of the stacked scan (lax.scan semantics), loop rolling's O(1) outer graph, loop fission,
+scan's VJP over stacked residuals and the Program's scan loop: failing cases as strict xfails,
+and the cases checked that hold."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tracegrad as tg
+from tracegrad import ir
+from tracegrad.ir.fission import fission
+from tracegrad.ir.scan import unroll_scans
+
+F8, I8 = np.dtype("f8"), np.dtype("i8")
+
+
+def _graph_of(fn, *avals):
+    b = ir.Builder("t")
+    ins = [b.new_input(a) for a in avals]
+    with b.active():
+        outs = fn(*ins)
+    return b.build(list(outs))
+
+
+def _scan_graph(body, T, C, K, reverse=False):
+    head = body.in_avals[:C + K]
+    xs = [ir.Aval((T,) + a.shape, a.dtype) for a in body.in_avals[C + K:]]
+    b = ir.Builder("outer")
+    ins = [b.new_input(a) for a in head + xs]
+    with b.active():
+        outs = ir.bind("scan", *ins, body=body, length=T, n_consts=C, n_carry=K,
+                       **({"reverse": True} if reverse else {}))
+    return b.build(list(outs))
+
+
+def _fissioned(g):
+    eqns = []
+    for e in g.eqns:
+        eqns += (fission(e) or [e]) if e.op == "scan" else [e]
+    return ir.Graph(g.invars, eqns, g.outvars, g.constvars, g.consts)
+
+
+def _close(got, want, tol=1e-12):
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+# ---- bug: fission leaves a scan with no outputs, which the Program cannot run -----------------
+
+def _carry_free_scan():
+    """A scan with no carry whose one per-step output is carry-free work: fission moves it all
+    out of the loop."""
+    body = _graph_of(lambda W, x: [tg.sin(x @ W)], ir.Aval((3, 3), F8), ir.Aval((1, 3), F8))
+    return _scan_graph(body, 4, 1, 0)
+
+
+def test_fission_of_a_carry_free_scan_keeps_its_values():
+    g = _carry_free_scan()
+    W, xs = np.eye(3) * 0.5, np.arange(12.0).reshape(4, 1, 3) / 10
+    f = _fissioned(g)
+    ir.verify(f)
+    _close(ir.interpret(f, [W, xs]), ir.interpret(g, [W, xs]))
+
+
+@pytest.mark.xfail(strict=True, reason="fission._apply always emits the "
+                   "scan equation, even with no outputs left (no carry, every y made outside); "
+                   "Program's _live (interpret.py:163) reads outvars[0] of every equation")
+def test_program_of_a_fissioned_carry_free_scan():
+    g = _carry_free_scan()
+    W, xs = np.eye(3) * 0.5, np.arange(12.0).reshape(4, 1, 3) / 10
+    f = _fissioned(g)
+    assert all(e.outvars for e in f.eqns), "an equation with no outputs"
+    _close(ir.program(f)([W, xs]), ir.interpret(g, [W, xs]))
+
+
+def _int_carry_scan():
+    """A scan whose only carry is an int counter; its float ys read the counter."""
+    body = _graph_of(lambda W, n, x: [n + 1, tg.sin(x @ W) * tg.astype(n, F8)],
+                     ir.Aval((3, 3), F8), ir.Aval((), I8), ir.Aval((1, 3), F8))
+    return _scan_graph(body, 4, 1, 1)
+
+
+@pytest.mark.xfail(strict=True, reason="scan_vjp emits a backward scan with "
+                   "no float carry (loops.py _emit_scan); fission moves all of its work out and "
+                   "leaves `scan[n_carry=0]` with an empty body and no outputs in the VJP graph; "
+                   "ir.program of that graph raises IndexError in interpret._live")
+def test_program_of_the_vjp_of_a_scan_with_only_an_int_carry():
+    g = _int_carry_scan()
+    W, n, xs = np.eye(3) * 0.5, np.array(2, I8), np.arange(12.0).reshape(4, 1, 3) / 10
+    vg = ir.vjp_graph(g, [0, 2])
+    args = [W, n, xs, np.array(0, I8), np.ones((4, 1, 3))]
+    want = ir.interpret(vg, args)
+    _close(ir.interpret(unroll_scans(vg), args), want)
+    assert not any(e.op == "scan" and not e.outvars for e in vg.eqns), \
+        "an empty scan with no outputs left in the VJP graph"
+    _close(ir.program(vg)(args), want)
+
+
+def test_optimized_vjp_of_a_scan_with_only_an_int_carry():
+    g = _int_carry_scan()
+    W, n, xs = np.eye(3) * 0.5, np.array(2, I8), np.arange(12.0).reshape(4, 1, 3) / 10
+    vg = ir.vjp_graph(g, [0, 2])
+    args = [W, n, xs, np.array(0, I8), np.ones((4, 1, 3))]
+    want = ir.interpret(ir.vjp_graph(unroll_scans(g), [0, 2]), args)
+    _close(ir.program(ir.optimize(vg))(args), want, 1e-10)
+
+
+# ---- bug: roll_loops with min_trips < 2 --------------------------------------------------------
+
+def _rnn(T):
+    def f(W, xs):
+        h = xs[0]
+        for t in range(T):
+            h = tg.tanh(h @ W + xs[t]) * 1.1
+        return tg.sum(h * h)
+    return f
+
+
+@pytest.mark.xfail(strict=True, raises=IndexError, reason="roll_loops accepts a run of one "
+                   "block when min_trips=1; _rotate (loops.py:206) and _flow (loops.py:268) "
+                   "read blocks[1]")
+def test_roll_loops_with_min_trips_one_is_safe():
+    W, xs = np.eye(3) * 0.5, np.arange(24.0).reshape(8, 1, 3) / 10
+    g = tg.make_ir(_rnn(4))(W, xs)
+    r = ir.roll_loops(g, min_trips=1)
+    _close(ir.interpret(r, [W, xs]), ir.interpret(g, [W, xs]))
+
+
+# ---- O(1) in T: per-step outputs read after the loop -------------------------------------------
+
+def _all_states(T):
+    def f(W, xs):
+        h = tg.zeros((1, 3), dtype=W.dtype)
+        hs = []
+        for t in range(T):
+            h = tg.tanh(h @ W + xs[t])
+            hs.append(h)
+        return tg.sum(tg.stack(hs) ** 2)
+    return f
+
+
+def test_all_states_read_after_the_loop_keep_values_and_gradients():
+    W, xs = np.eye(3) * 0.4, np.linspace(-1, 1, 48).reshape(16, 1, 3)
+    g = tg.make_ir(_all_states(8))(W, xs)
+    r = ir.roll_loops(g)
+    assert [e.op for e in r.eqns].count("scan") == 1
+    _close(ir.interpret(r, [W, xs]), ir.interpret(g, [W, xs]))
+    one = [np.array(1.0)]
+    _close(ir.program(ir.optimize(ir.vjp_graph(r)))([W, xs] + one),
+           ir.interpret(ir.vjp_graph(g), [W, xs] + one), 1e-10)
+
+
+@pytest.mark.xfail(strict=True, reason="not O(1) in T: _scan_eqns (loops.py) takes each step "
+                   "value read after the loop out of the stacked ys with its own slice + "
+                   "reshape, and the user's stack/concatenate of them stays: 2T+ equations "
+                   "rebuild the array the scan already made (and the VJP pads each slice)")
+def test_all_states_read_after_the_loop_make_an_o1_graph():
+    W, xs = np.eye(3) * 0.4, np.linspace(-1, 1, 96).reshape(32, 1, 3)
+    sizes = []
+    for T in (8, 16):
+        r = ir.roll_loops(tg.make_ir(_all_states(T))(W, xs))
+        sizes.append((len(ir.optimize(r).eqns),
+                      len(ir.optimize(ir.vjp_graph(r)).eqns)))
+    assert sizes[0] == sizes[1], sizes
