@@ -67,19 +67,25 @@ def _key_table(order: Sequence[Eqn]) -> list[int]:
     get = table.get
     keys = []
     for pos, e in enumerate(order):
-        op = e.op
+        op, ins, outs, params = e.op, e.inputs, e.outvars, e.params
         if op in _UNROLLABLE:
             keys.append(-1 - pos)
             continue
-        outs = e.outvars
-        k = (op, tuple([a.aval if type(a) is Var else a.key() for a in e.inputs]),
-             outs[0].aval if len(outs) == 1 else tuple([v.aval for v in outs]))
         try:     # params as given (equal dicts listed in another order only miss a roll)
-            k = (k, tuple(e.params.items()) if op != "full" else _full_params(e.params))
+            ps = (tuple(params.items()) if op != "full" else _full_params(params)) \
+                if params else ()
+            n = len(ins)
+            if len(outs) == 1 and n <= 2 and Lit not in map(type, ins):    # most: flat
+                k = (op, ps, ins[0].aval, ins[1].aval, outs[0].aval) if n == 2 else \
+                    (op, ps, ins[0].aval, outs[0].aval) if n == 1 else (op, ps, outs[0].aval)
+            else:
+                k = ((op, tuple([a.aval if type(a) is Var else a.key() for a in ins]),
+                      tuple([v.aval for v in outs])), ps)
             n = get(k)
         except TypeError:
             try:
-                k = (k, _frozen_params(e.params))
+                k = ((op, tuple([a.aval if type(a) is Var else a.key() for a in ins]),
+                      tuple([v.aval for v in outs])), _frozen_params(params))
                 n = get(k)
             except TypeError:      # params that cannot be hashed
                 keys.append(-1 - pos)
@@ -154,7 +160,8 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
                     blocks, flow, pre, end = turned
                     sunk.update(id(e) for e in pre)
                 else:
-                    flow = _flow(blocks)
+                    # a flow that fails in some blocks fails in all: first tried on three
+                    flow = _flow(blocks) if len(blocks) < 6 or _flow(blocks[:3]) else None
                 if flow is not None:    # move the steps' own work on their inputs in
                     kept = [list(blk) for blk in blocks]
                     if position is None:
