@@ -122,3 +122,47 @@ def test_rolling_from_threads_gives_each_length_its_own_values():
     for t in threads:
         t.join()
     assert not errors, errors[0]
+
+
+def test_interned_avals_are_one_object_per_shape_and_dtype():
+    from tracegrad.ir.fission import aval
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    a = aval((3, 4), f32)
+    assert aval((3, 4), f32) is a and a == Aval((3, 4), f32)
+    assert aval((3, 4), f64) is not a and aval((3, 4), f64).dtype == f64
+    assert aval((4, 3), f32).shape == (4, 3)
+    assert aval((), f32).shape == ()
+
+
+def test_two_jitted_functions_sharing_a_body_keep_their_own_lengths():
+    H = 4
+    W, U = rand(H, H, seed=0) / 2, rand(H, H, seed=1) / 2
+    xs = rand(16, 1, H, seed=2)
+
+    def loss(W, U, xs, T):
+        h = tg.zeros((1, H), dtype=W.dtype)
+        for t in range(T):
+            h = tg.tanh(h @ W + xs[t] @ U)
+        return tg.sum(h * h)
+
+    def loss2(W, U, xs, T):      # the same step, another reduction after it
+        h = tg.zeros((1, H), dtype=W.dtype)
+        for t in range(T):
+            h = tg.tanh(h @ W + xs[t] @ U)
+        return tg.sum(h)
+
+    f = tg.jit(tg.value_and_grad(loss, argnums=(0, 1)), static_argnums=(3,))
+    g = tg.jit(tg.value_and_grad(loss2, argnums=(0, 1)), static_argnums=(3,))
+    old = tg.config.roll_loops
+    tg.config.roll_loops = False
+    try:
+        want_f = {T: tg.value_and_grad(loss, argnums=(0, 1))(W, U, xs, T) for T in (5, 9, 12)}
+        want_g = {T: tg.value_and_grad(loss2, argnums=(0, 1))(W, U, xs, T) for T in (5, 9, 12)}
+    finally:
+        tg.config.roll_loops = old
+    for T in (5, 12, 9, 12, 5, 9):
+        for fn, want in ((f, want_f), (g, want_g)):
+            v, (gW, gU) = fn(W, U, xs, T)
+            np.testing.assert_allclose(v, want[T][0], rtol=1e-10)
+            np.testing.assert_allclose(gW, want[T][1][0], rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(gU, want[T][1][1], rtol=1e-9, atol=1e-12)
