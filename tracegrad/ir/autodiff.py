@@ -98,11 +98,15 @@ def _vjp(b: Builder, e: Any, gs: list, ins: list, outs: list, need: tuple | None
         a = t.atom
         atoms.append(a)
         sig.append(a.key() if type(a) is Lit else (first.setdefault(a.id, len(first)), a.aval))
-    try:
-        key = (e.op, _frozen_params(e.params), tuple(sig), need)
+    try:    # params as given; equal dicts listed in another order only miss
+        key = (e.op, tuple(e.params.items()), tuple(sig), need)
         tpl = _TEMPLATES.get(key)
-    except TypeError:   # params that cannot be hashed
-        return _rule(e, gs, ins, outs, need)
+    except TypeError:
+        try:
+            key = (e.op, _frozen_params(e.params), tuple(sig), need)
+            tpl = _TEMPLATES.get(key)
+        except TypeError:   # params that cannot be hashed
+            return _rule(e, gs, ins, outs, need)
     if tpl is None:
         if key not in _SEEN:    # (shapes that change with a static argument: met once)
             remember(_SEEN, key, True, 4096)
