@@ -12,7 +12,7 @@ from typing import Any, Callable
 from . import emit as E
 from .core import is_float
 from .scan import scan_jvp
-from .loops import scan_vjp
+from .scan_vjp import scan_vjp
 
 Rule = Callable[..., Any]
 VJP: dict[str, Rule] = {}
