@@ -176,13 +176,15 @@ _FNS: dict[Any, Callable] = {}   # (op, params, input and output types) -> step 
 
 def _step_fn(e: Any, multi: bool) -> Callable:
     """The function running `e` in a Program; equations of one signature share it."""
-    head = (e.op, *[a.aval for a in e.inputs], None, *[v.aval for v in e.outvars])
+    params = e.params
     try:    # params as given; equal dicts listed in another order only miss
-        key = (head, tuple(e.params.items()))
+        key = (e.op, tuple(params.items()) if params else (), *[a.aval for a in e.inputs], None,
+               *[v.aval for v in e.outvars])
         fn = _FNS.get(key)
     except TypeError:
         try:
-            key = (head, _frozen_params(e.params))
+            key = (e.op, ("frozen", _frozen_params(params)), *[a.aval for a in e.inputs], None,
+                   *[v.aval for v in e.outvars])
             fn = _FNS.get(key)
         except TypeError:   # params that cannot be hashed
             key = fn = None
