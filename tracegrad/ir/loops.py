@@ -232,17 +232,19 @@ def _sink(xs: list[list[Atom]], blocks: list[list[Eqn]], producer: dict[int, Eqn
     while work:
         atoms = work.pop()
         made = [producer.get(a.id) for a in atoms]
-        if any(e is None or len(e.outvars) != 1 or id(e) in seen for e in made):
-            continue                      # not made alike, or moved already
-        key = key_of[id(made[0])]
-        if key < 0 or any(key_of[id(e)] != key for e in made) or \
-                len({id(e) for e in made}) != len(made):
-            continue
-        if not all(uses[a.id] == 1 or uses[a.id] == sum(
+        if None in made:
+            continue                      # made in the loop, or not in this graph
+        ids = [id(e) for e in made]
+        if not seen.isdisjoint(ids) or len(set(ids)) != len(ids):
+            continue                      # moved already, or one value read by two steps
+        key = key_of[ids[0]]
+        if key < 0 or any([key_of[i] != key for i in ids]) or len(made[0].outvars) != 1:
+            continue                      # not made alike (equal keys: equal output counts)
+        if not all([uses[a.id] == 1 or uses[a.id] == sum(
                 1 for e in blk + ext for b in e.inputs if b is a)
-                for a, blk, ext in zip(atoms, blocks, extra)):
+                for a, blk, ext in zip(atoms, blocks, extra)]):
             continue
-        seen.update(id(e) for e in made)
+        seen.update(ids)
         groups.append(made)
         for ext, e in zip(extra, made):
             ext.append(e)
@@ -359,18 +361,18 @@ def _scan_eqns(blocks: list[list[Eqn]], flow: tuple, after: set[int],
     eqns: list[Eqn] = []
     # reads of each per-step input inside the loop: as many per block as the body reads it
     per_block = collections.Counter([arg for row in plan for kind, arg in row if kind == "x"])
-    inside: collections.Counter = collections.Counter()
+    inside: dict[int, int] = {}
     for q, atoms in enumerate(xs):
+        n = per_block[q]
         for a in atoms:
-            inside[a.id] += per_block[q]
+            inside[a.id] = inside.get(a.id, 0) + n
     stacked = [_stack(atoms, producer, eqns, source) for atoms in xs]
     still_read = {a.id for e in eqns for a in e.inputs if type(a) is Var}
-    for atoms in xs:      # the steps' own slices, read by no one else, are dead now
-        for a in atoms:
-            e = producer.get(a.id)
-            if e is not None and e.op == "slice" and uses.get(a.id) == inside[a.id] and \
-                    a.id not in still_read:
-                dropped.add(id(e))
+    get_producer, get_uses = producer.get, uses.get
+    for vid, n in inside.items():     # the steps' own slices, read by no one else, are dead now
+        e = get_producer(vid)
+        if e is not None and e.op == "slice" and get_uses(vid) == n and vid not in still_read:
+            dropped.add(id(e))
     inputs: list[Atom] = list(consts.values()) + list(carries.values()) + stacked
     outvars = [last[j].outvars[o] for j, o in carries]
     taken: list[Eqn] = []
