@@ -126,7 +126,6 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
         nxt[i] = seen.get(keys[i], n)
         seen[keys[i]] = i
     sunk: set[int] = set()
-    position: dict[int, int] | None = None
     failed: dict[tuple[int, int], int] = {}   # (key, period) -> end of the run that failed
     out: list[Eqn] = []
     rolled = False
@@ -152,9 +151,7 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
                     flow = _flow(blocks) if len(blocks) < 6 or _flow(blocks[:3]) else None
                 if flow is not None:    # move the steps' own work on their inputs in
                     kept = [list(blk) for blk in blocks]
-                    if position is None:
-                        position = {id(e): k for k, e in enumerate(order)}
-                    moved = _sink(flow[2], blocks, producer, key_of, uses, position)
+                    moved = _sink(flow[2], blocks, producer, key_of, uses, order)
                     if moved:
                         deeper = _flow(blocks)
                         if deeper is not None:
@@ -166,10 +163,9 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
                     out += _scan_eqns(blocks, flow, _read_from(order, end, graph.outvars),
                                       key_of, producer, uses, sunk)
                     rolled = True
-                    for blk in blocks:   # now inside a scan: never moved into another
-                        for e in blk:
-                            for v in e.outvars:
-                                producer.pop(v.id, None)
+                    pop = producer.pop   # now inside a scan: never moved into another
+                    [pop(v.id, None) for e in itertools.chain.from_iterable(blocks)
+                     for v in e.outvars]
                     i = end
                     continue
                 failed[(keys[i], p)] = i + reps * p   # its tails would fail the same way
@@ -220,8 +216,7 @@ def _rotate(blocks: list[list[Eqn]], order: list[Eqn], end: int,
 
 
 def _sink(xs: list[list[Atom]], blocks: list[list[Eqn]], producer: dict[int, Eqn],
-          key_of: dict[int, int], uses: dict[int, int], position: dict[int, int]
-          ) -> list[Eqn]:
+          key_of: dict[int, int], uses: dict[int, int], order: list[Eqn]) -> list[Eqn]:
     """Prepend to each block the equations made before the loop whose results only that
     block reads, alike in every block (`xs[t] @ U` sorted ahead of the loop moves into the
     body, then what made its `xs[t]`...), in the order they had. Returns those moved."""
@@ -254,7 +249,12 @@ def _sink(xs: list[list[Atom]], blocks: list[list[Eqn]], producer: dict[int, Eqn
                 work.append(ins)
     if not groups:
         return []
-    groups.sort(key=lambda g: position[id(g[0])])     # producers before their readers
+    if len(groups) > 1:     # producers before their readers, as in `order`
+        if len(groups) < 8:
+            groups.sort(key=lambda g: order.index(g[0]))
+        else:
+            position = {id(e): k for k, e in enumerate(order)}
+            groups.sort(key=lambda g: position[id(g[0])])
     for k, blk in enumerate(blocks):
         blk[:0] = [g[k] for g in groups]
     return [e for g in groups for e in g]
