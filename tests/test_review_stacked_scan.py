@@ -200,10 +200,9 @@ def test_rolled_steps_with_numpy_signed_zeros_keep_their_signs():
     assert np.isnan(got), got
 
 
-@pytest.mark.xfail(strict=True, reason="(found in passing, not in the scan change) ir.optimize's "
-                   "CSE keys params by passes._freeze, where -0.0 == 0.0: full[value=0.0] is "
-                   "merged into full[value=-0.0], so tg.jit(f) gives x / +0.0 = -inf")
 def test_jit_keeps_full_of_signed_zeros_apart():
+    # (found in passing: ir.optimize's CSE keyed params by passes._freeze, where -0.0 == 0.0,
+    # so full[value=0.0] was merged into full[value=-0.0] and tg.jit(f) gave x / +0.0 = -inf)
     def f(x):
         return x / tg.full((3,), -0.0, dtype=np.float64), x / tg.full((3,), 0.0, dtype=np.float64)
     x = np.ones(3)

@@ -54,6 +54,8 @@ def _freeze(x: Any) -> Any:
         return tuple(_freeze(v) for v in x)
     if isinstance(x, np.dtype):
         return str(x)
+    if isinstance(x, (float, np.floating)) and x == 0 and np.signbit(x):
+        return ("-0.0",)    # -0.0 == 0.0 and hashes alike: a full of either is its own value
     try:
         hash(x)
         return x
