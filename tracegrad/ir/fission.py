@@ -184,7 +184,9 @@ def _apply(plan: _Plan, e: Eqn) -> list[Eqn]:
     inputs = [env[i][0] for i in plan.consts_in] + list(e.inputs[C:C + K]) + \
         [env[i][0] for i in plan.xs_in]
     params = dict(p, body=new_body, n_consts=len(plan.consts_in))
-    eqns.append(Eqn("scan", inputs, list(e.outvars[:K]) + body_ys + export_vars, params, src))
+    scan_outs = list(e.outvars[:K]) + body_ys + export_vars
+    if scan_outs:       # (no carry and every output made outside: the loop has gone)
+        eqns.append(Eqn("scan", inputs, scan_outs, params, src))
     # the moved equations; a per-step output made outside is written into the scan's output
     want: dict[int, Var] = {}
     copies: list[tuple[Atom, Var]] = []

@@ -160,7 +160,7 @@ def _live(graph: Graph) -> list:
     live = []
     for e in reversed(graph.eqns):
         outs = e.outvars
-        if outs[0].id in used or (len(outs) > 1 and any(v.id in used for v in outs)):
+        if outs and (outs[0].id in used or (len(outs) > 1 and any(v.id in used for v in outs))):
             live.append(e)
             for a in e.inputs:
                 if type(a) is not Lit:

@@ -15,6 +15,8 @@ import itertools
 import math
 from typing import Any, Sequence
 
+import numpy as np
+
 from .core import Atom, Eqn, Graph, Lit, Var, remember
 from .fission import aval, fission, fold_reshapes
 from .passes import _frozen_params
@@ -94,7 +96,8 @@ def _key_table(order: Sequence[Eqn]) -> list[int]:
 def _full_params(params: dict) -> tuple:
     """`full`'s params with the sign of a zero value told apart (-0.0 == 0.0)."""
     v = params.get("value")
-    return tuple(params.items()) + ((math.copysign(1.0, v),) if type(v) is float else ())
+    signed = isinstance(v, (float, np.floating))     # (np.float64 is not `float`)
+    return tuple(params.items()) + ((math.copysign(1.0, v),) if signed else ())
 
 
 def _read_from(order: Sequence[Eqn], end: int, outvars: Sequence[Atom]) -> set[int]:
@@ -110,6 +113,7 @@ def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
     when there is none. The equations are first put in a topological order by depth, which
     groups the steps' work on the carried values into equal blocks; the steps' work on their
     own inputs (`xs[t] @ U`), sorted ahead of the loop, then moves back into the body."""
+    min_trips = max(min_trips, 2)      # a loop is at least two blocks (flow compares them)
     eqns = graph.eqns
     n = len(eqns)
     if n < min_eqns:
