@@ -15,6 +15,7 @@ import os
 import struct
 import tempfile
 import threading
+import time
 import warnings
 from typing import Any, Sequence
 
@@ -156,11 +157,24 @@ def may_have_compiled() -> bool:
         return True
     if not disk_enabled():
         return False
+    now = time.monotonic()
+    where = cache_dir()
+    seen = _listed
+    if seen[0] == where and now - seen[1] < RELIST_S:
+        return seen[2]    # listed a moment ago: listing the folder costs 50-150 us a retrace
     try:
-        with os.scandir(cache_dir()) as entries:
-            return any(e.is_dir() for e in entries)
+        with os.scandir(where) as entries:
+            found = any(e.is_dir() for e in entries)
     except OSError:
-        return False
+        found = False
+    _listed[:] = [where, now, found]
+    return found
+
+
+# (folder, when, found anything) of the last listing; another process filling or clearing the
+# folder meanwhile only costs lookups skipped or missed until the next listing
+RELIST_S = 1.0
+_listed: list = [None, 0.0, False]
 
 
 def find_compiled(graph: Graph) -> Executable | None:
