@@ -117,3 +117,43 @@ def test_native_code_of_a_rolled_loop_matches_the_interpreter(no_disk_cache, mon
     v0, g0 = tg.value_and_grad(_chain)(x)
     np.testing.assert_allclose(v, v0, rtol=2e-5)
     np.testing.assert_allclose(gx, g0, rtol=2e-5, atol=1e-6)
+
+
+def _mlp_step(params, x):
+    """Equal hidden layers, each with its own weights: the roll stacks the weights as the
+    loop's per-step inputs, fission hoists each W.T as one batched transpose."""
+    def loss(params, x):
+        h = x
+        for W, b in params:
+            h = tg.tanh(h @ W + b)
+        return tg.sum(h * h)
+    value, grads = tg.value_and_grad(loss)(params, x)
+    return value, [(W - 0.1 * gW, b - 0.1 * gb) for (W, b), (gW, gb) in zip(params, grads)]
+
+
+def test_stacked_layer_weights_stay_per_layer_values_in_native_code():
+    rng = np.random.default_rng(0)
+    params = [(rng.standard_normal((6, 6)) / 3, rng.standard_normal(6) / 3) for _ in range(5)]
+    x = rng.standard_normal((4, 6))
+    g = ir.optimize(tg.make_ir(_mlp_step)(params, x))
+    ops = _ops(g)
+    assert "scan" in ops and "concatenate" in ops        # the weights stacked for the loop
+    flat = unroll_scans(g)
+    # each layer reads its own W, W.T per layer, its gradient read per layer: no stacking
+    assert "concatenate" not in _ops(flat) and "scan" not in _ops(flat)
+    args = [a for W, b in params for a in (W, b)] + [x]
+    _equal(ir.interpret(flat, args), ir.interpret(g, args))
+
+
+def test_native_code_of_rolled_layers_matches_the_interpreter(no_disk_cache, monkeypatch):
+    rng = np.random.default_rng(1)
+    params = [(rng.standard_normal((8, 8)).astype(np.float32) / 3,
+               rng.standard_normal(8).astype(np.float32) / 3) for _ in range(4)]
+    x = rng.standard_normal((5, 8)).astype(np.float32)
+    v, new = tg.jit(_mlp_step)(params, x)
+    monkeypatch.setattr(tg.config, "disable_jit", True)
+    v0, new0 = _mlp_step(params, x)
+    np.testing.assert_allclose(v, v0, rtol=2e-5)
+    for (W, b), (W0, b0) in zip(new, new0):
+        np.testing.assert_allclose(W, W0, rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(b, b0, rtol=2e-5, atol=1e-6)

@@ -19,12 +19,13 @@ _PER_STEP = {"unary", "binary", "select", "compare"}    # kinds that work elemen
 
 class _Steps:
     """A stacked value as its steps' values: `parts[t]` is row `t` (its aval `aval.shape[1:]`)."""
-    __slots__ = ("parts", "aval", "whole")
+    __slots__ = ("parts", "aval", "whole", "origin")
 
-    def __init__(self, parts: list[Atom], aval: Aval):
+    def __init__(self, parts: list[Atom], aval: Aval, origin: Eqn | None = None):
         self.parts = parts
         self.aval = aval
         self.whole: Atom | None = None     # the concatenation, once something needed it
+        self.origin = origin               # the concatenate that makes it, if one does
 
 
 def unroll_scans(graph: Graph) -> Graph:
@@ -44,15 +45,18 @@ class _Unroller:
         self.eqns: list[Eqn] = []
         self.constvars, self.consts = list(graph.constvars), list(graph.consts)
         self.env: dict[int, Atom | _Steps] = {}
+        self.made: dict[int, Eqn] = {}     # var id -> the copied equation making it
 
     def run(self) -> Graph:
         for e in self.graph.eqns:
             if e.op == "scan":
                 self.scan(e)
+            elif e.op == "concatenate" and self.rows(e):
+                pass
             elif not any(type(a) is Var and type(self.env.get(a.id)) is _Steps
                          for a in e.inputs):
                 self.copy(e)
-            elif not self.per_step(e):
+            elif not (self.per_step(e) or self.one_row(e)):
                 self.copy(e)
         outs = [self.whole(a) for a in self.graph.outvars]
         return Graph(self.graph.invars, self.eqns, outs, self.constvars, self.consts)
@@ -67,7 +71,11 @@ class _Unroller:
         if type(got) is not _Steps:
             return got
         if got.whole is None:
-            got.whole = self.concatenate(got)
+            if got.origin is not None:     # the concatenate the steps were read from
+                self.copy(got.origin)
+                got.whole = got.origin.outvars[0]
+            else:
+                got.whole = self.concatenate(got)
         return got.whole
 
     def concatenate(self, s: _Steps) -> Atom:
@@ -102,17 +110,74 @@ class _Unroller:
         ins = [self.whole(a) for a in e.inputs]
         same = all(x is y for x, y in zip(ins, e.inputs))
         self.eqns.append(e if same else Eqn(e.op, ins, e.outvars, e.params, e.source))
+        for v in e.outvars:
+            self.made[v.id] = e
+
+    def rows(self, e: Eqn) -> bool:
+        """A concatenate along axis 0 of one-row values (the per-step inputs a rolled loop
+        stacks, e.g. each layer's weights): known by its rows, concatenated only if something
+        needs the whole array. False (nothing done) for other concatenates."""
+        out = e.outvars[0].aval
+        if e.params.get("axis") != 0 or len(e.inputs) < 2 or \
+                any(a.aval.shape[:1] != (1,) for a in e.inputs):
+            return False
+        row = Aval(out.shape[1:], out.dtype)
+        parts: list[Atom] = []
+        for a in e.inputs:
+            a = self.whole(a)
+            src = self.made.get(a.id) if type(a) is Var else None
+            if src is not None and src.op == "reshape" and src.inputs[0].aval.shape == row.shape:
+                parts.append(src.inputs[0])       # reshape(w, (1, ...)) of a row w
+            else:
+                parts.append(self.emit("reshape", [a], row, {"shape": row.shape}, e.source))
+        self.env[e.outvars[0].id] = _Steps(parts, out, e)
+        return True
+
+    def one_row(self, e: Eqn) -> bool:
+        """`slice` of one row (along axis 0, all of the others) of a value known by steps: that
+        step's value, reshaped. False (nothing written) for other equations."""
+        if e.op != "slice":
+            return False
+        s = self.env.get(e.inputs[0].id)
+        start, stop, step = e.params["index"][0]
+        if stop != start + 1 or step != 1 or any(
+                r != (0, d, 1) for r, d in zip(e.params["index"][1:], s.aval.shape[1:])):
+            return False
+        part = s.parts[start]
+        if type(part) is Lit:
+            return False
+        self.eqns.append(Eqn("reshape", [part], e.outvars, {"shape": e.outvars[0].aval.shape},
+                             e.source))
+        return True
 
     def per_step(self, e: Eqn) -> bool:
-        """Write an elementwise equation on values known by steps as one equation per step;
-        False (nothing written) when it is not one: other kinds, broadcasting, arrays."""
-        if OPS[e.op].kind not in _PER_STEP or len(e.outvars) != 1:
+        """Write an equation on values known by steps as one equation per step: elementwise
+        ones, a transpose, reshape or reduction that keeps the leading (steps') axis, and a
+        batch of matrix products. False (nothing written) for others, broadcasting, and
+        inputs that are whole arrays."""
+        if len(e.outvars) != 1:
             return False
         out = e.outvars[0].aval
         if not out.shape:
             return False
         row = Aval(out.shape[1:], out.dtype)
         n = out.shape[0]
+        params = e.params
+        if OPS[e.op].kind not in _PER_STEP:
+            # batched work on the steps' rows (fission's, e.g. each layer's W.T): per row
+            x = e.inputs[0]
+            if e.op == "transpose" and params["perm"][0] == 0:
+                params = {"perm": tuple(p - 1 for p in params["perm"][1:])}
+            elif e.op == "reshape" and x.aval.shape[:1] == (n,):
+                params = {"shape": row.shape}
+            elif e.op in ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod") and \
+                    0 not in params["axes"] and x.aval.shape[:1] == (n,):
+                params = {"axes": tuple(a - 1 for a in params["axes"])}
+            elif e.op == "matmul" and len(out.shape) == 3 and \
+                    all(a.aval.ndim == 3 for a in e.inputs):    # a batch of matrix products
+                params = {}
+            else:
+                return False
         ins: list[_Steps | Lit] = []
         for a in e.inputs:
             if type(a) is Lit:
@@ -121,14 +186,15 @@ class _Unroller:
                 ins.append(a)
                 continue
             s = self.env.get(a.id)
-            if type(s) is not _Steps or s.aval.shape != out.shape or \
+            if type(s) is not _Steps or s.aval.shape[:1] != (n,) or \
+                    (params is e.params and s.aval.shape != out.shape) or \
                     any(type(o) is Lit for o in s.parts):
                 return False
             ins.append(s)
         parts = []
         for t in range(n):
             parts.append(self.emit(e.op, [x if type(x) is Lit else x.parts[t] for x in ins],
-                                   row, e.params, e.source))
+                                   row, params, e.source))
         self.env[e.outvars[0].id] = _Steps(parts, out)
         return True
 
