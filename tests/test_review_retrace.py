@@ -59,6 +59,51 @@ def test_may_have_compiled_sees_an_entry_this_process_wrote(tmp_path, monkeypatc
     assert cache.may_have_compiled()                     # ...but the memo says it cannot
 
 
+# ---- ir/unroll.py (ed4fd2a): a concatenate of one-row values known by its rows ------------------
+
+def _stack_of_final_carries(W, X, h, c):
+    for t in range(5):
+        h = tg.tanh(h @ W + X[t])
+        c = tg.sin(c) + h
+    return tg.sum(tg.sin(tg.stack([h, c])) * 2.0)     # stack: concatenate of reshape(carry)
+
+
+def _carries_args():
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal((3, 3)) / 2, rng.standard_normal((5, 1, 3)),
+            rng.standard_normal((1, 3)), rng.standard_normal((1, 3))]
+
+
+_ROWS_BUG = ("unroll._Unroller.rows reads a row through self.made, which copy() fills with the "
+             "original equation, not the one it appended with substituted inputs: the row is "
+             "the scan's carry outvar, which the unrolled graph never defines (verify: 'reads "
+             "?N, which is not defined'; interpret/native: KeyError)")
+
+
+@pytest.mark.xfail(strict=True, reason=_ROWS_BUG)
+def test_unrolled_stack_of_a_loops_final_carries_is_defined():
+    args = _carries_args()
+    g = tg.make_ir(tg.grad(_stack_of_final_carries, argnums=(0, 2, 3)))(*args)
+    assert any(e.op == "scan" for e in g.eqns)
+    flat = unroll_scans(g)
+    ir.verify(flat)
+    for a, b in zip(ir.interpret(flat, args), ir.interpret(g, args)):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.xfail(strict=True, reason=_ROWS_BUG + "; tg.jit(tg.grad(f)) crashes compiling")
+def test_jit_grad_of_a_stack_of_a_loops_final_carries(monkeypatch):
+    from tracegrad.runtime import cache
+    monkeypatch.setattr(tg.config, "tiering", False)
+    monkeypatch.setenv("TRACEGRAD_DISK_CACHE", "0")        # compile for real, here
+    monkeypatch.setattr(cache, "_memory", cache._LRU())
+    args = _carries_args()
+    want = tg.grad(_stack_of_final_carries, argnums=(0, 2, 3))(*args)
+    got = tg.jit(tg.grad(_stack_of_final_carries, argnums=(0, 2, 3)))(*args)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
+
+
 # ---- pinned: caches keyed by bodies whose ids are reused ----------------------------------------
 
 def _rnn_collect(W, X, h):
