@@ -2,9 +2,10 @@
 avals, Program built in one pass, flat equation keys, VJP templates keyed by params as given,
 native unrolling by steps, `_join_rows`, the disk-cache listing memo).
 
-Failing cases are strict xfails naming the bug; the other tests pin behaviours the review
-checked adversarially (bodies evicted and their ids reused, joined rows read by a later loop,
-per-step values in the native unrolling), so a later fast path that breaks them shows up."""
+The cases that failed (fixed since) say which bug they found; the other tests pin behaviours
+the review checked adversarially (bodies evicted and their ids reused, joined rows read by a
+later loop, per-step values in the native unrolling), so a later fast path that breaks them
+shows up."""
 from __future__ import annotations
 
 import gc
@@ -38,11 +39,8 @@ def _tiny_graph():
     return b.build([y])
 
 
-@pytest.mark.xfail(strict=True, reason="may_have_compiled answers from a listing made before "
-                   "this process wrote its own disk entry (e6def4a): after the memory cache is "
-                   "emptied it says no lookup can hit while find_compiled would hit, so tiered "
-                   "execution skips the on-disk code and interprets")
 def test_may_have_compiled_sees_an_entry_this_process_wrote(tmp_path, monkeypatch):
+    # (review: the listing memo did not learn of this process's own disk entry; fixed)
     from tracegrad.runtime import cache
     monkeypatch.setenv("TRACEGRAD_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TRACEGRAD_DISK_CACHE", "1")
@@ -74,14 +72,8 @@ def _carries_args():
             rng.standard_normal((1, 3)), rng.standard_normal((1, 3))]
 
 
-_ROWS_BUG = ("unroll._Unroller.rows reads a row through self.made, which copy() fills with the "
-             "original equation, not the one it appended with substituted inputs: the row is "
-             "the scan's carry outvar, which the unrolled graph never defines (verify: 'reads "
-             "?N, which is not defined'; interpret/native: KeyError)")
-
-
-@pytest.mark.xfail(strict=True, reason=_ROWS_BUG)
 def test_unrolled_stack_of_a_loops_final_carries_is_defined():
+    # (review: rows() read a row through the original equation, not the one written; fixed)
     args = _carries_args()
     g = tg.make_ir(tg.grad(_stack_of_final_carries, argnums=(0, 2, 3)))(*args)
     assert any(e.op == "scan" for e in g.eqns)
@@ -91,8 +83,8 @@ def test_unrolled_stack_of_a_loops_final_carries_is_defined():
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.xfail(strict=True, reason=_ROWS_BUG + "; tg.jit(tg.grad(f)) crashes compiling")
 def test_jit_grad_of_a_stack_of_a_loops_final_carries(monkeypatch):
+    # (review: the same bug crashed compiling tg.jit(tg.grad(f)); fixed)
     from tracegrad.runtime import cache
     monkeypatch.setattr(tg.config, "tiering", False)
     monkeypatch.setenv("TRACEGRAD_DISK_CACHE", "0")        # compile for real, here

@@ -109,9 +109,10 @@ class _Unroller:
     def copy(self, e: Eqn) -> None:
         ins = [self.whole(a) for a in e.inputs]
         same = all(x is y for x, y in zip(ins, e.inputs))
-        self.eqns.append(e if same else Eqn(e.op, ins, e.outvars, e.params, e.source))
+        made = e if same else Eqn(e.op, ins, e.outvars, e.params, e.source)
+        self.eqns.append(made)
         for v in e.outvars:
-            self.made[v.id] = e
+            self.made[v.id] = made      # (with the inputs as written: `rows` reads them)
 
     def rows(self, e: Eqn) -> bool:
         """A concatenate along axis 0 of one-row values (the per-step inputs a rolled loop

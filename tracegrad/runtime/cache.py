@@ -203,6 +203,7 @@ def _build(graph: Graph, key: str) -> Executable:
         holder.append(mod)
         if disk_enabled():
             _write_entry(path, obj, layout)
+            _listed[:] = [cache_dir(), time.monotonic(), True]    # it has something now
     tracker, addr = load_object(obj, ENTRY)
     return Executable(graph, layout, addr, tracker, key, _code_text(graph, holder))
 
