@@ -355,7 +355,7 @@ def _flow(blocks: list[list[Eqn]]) -> tuple | None:
     reps, p = len(blocks), len(blocks[0])
     width = max([len(e.outvars) for e in blocks[0]])
     stride = p * width             # value o of equation j of block k is (k * p + j) * width + o
-    if width == 1:
+    if width == 1 and all(e.outvars for e in blocks[0]):     # (equal blocks: one suffices)
         where = {e.outvars[0].id: c for c, e in enumerate(itertools.chain.from_iterable(blocks))}
     else:
         where = {}
