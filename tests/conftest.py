@@ -124,6 +124,37 @@ def count_ops(graph: tg.ir.Graph, op: str) -> int:
     return sum(e.op == op for e in graph.eqns)
 
 
+def graph_of(fn, *avals: tg.ir.Aval) -> tg.ir.Graph:
+    """The graph `fn` traces on fresh inputs of these types (e.g. a scan body)."""
+    b = tg.ir.Builder("body")
+    ins = [b.new_input(a) for a in avals]
+    with b.active():
+        outs = fn(*ins)
+    return b.build(list(outs))
+
+
+def rolled_and_unrolled(fn):
+    """`fn()` with traced loops rolled into scans, and step by step: (rolled, unrolled)."""
+    old = tg.config.roll_loops
+    try:
+        tg.config.roll_loops = False
+        want = fn()
+        tg.config.roll_loops = True
+        got = fn()
+    finally:
+        tg.config.roll_loops = old
+    return got, want
+
+
+@pytest.fixture
+def unrolled():
+    """Differentiate traced loops step by step (tg.config.roll_loops off) in this test."""
+    old = tg.config.roll_loops
+    tg.config.roll_loops = False
+    yield
+    tg.config.roll_loops = old
+
+
 @pytest.fixture
 def interpreter_only():
     """Run graphs on the reference interpreter even if a native backend is registered."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 
 import numpy as np
-import pytest
 
 import tracegrad as tg
 from tracegrad import ir
@@ -19,14 +18,6 @@ from tracegrad.ir import loops
 from tracegrad.ir.scan import unroll_scans
 
 F8 = np.dtype("f8")
-
-
-@pytest.fixture
-def unrolled():
-    old = tg.config.roll_loops
-    tg.config.roll_loops = False
-    yield
-    tg.config.roll_loops = old
 
 
 # ---- runtime/cache.py: may_have_compiled remembers a listing for RELIST_S seconds ---------------

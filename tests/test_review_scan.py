@@ -3,22 +3,11 @@ differential testing (rolled vs unrolled), each failing before its fix."""
 from __future__ import annotations
 
 import numpy as np
+from conftest import rolled_and_unrolled
 
 import tracegrad as tg
 from tracegrad import ir
 from tracegrad.ir import loops
-
-
-def _roll_off_and_on(fn):
-    old = tg.config.roll_loops
-    try:
-        tg.config.roll_loops = False
-        want = fn()
-        tg.config.roll_loops = True
-        got = fn()
-    finally:
-        tg.config.roll_loops = old
-    return got, want
 
 
 def test_grad_of_a_loop_reading_a_per_step_value_twice():
@@ -31,7 +20,7 @@ def test_grad_of_a_loop_reading_a_per_step_value_twice():
             h = tg.tanh(h @ W + x) + x * h
         return tg.sum(h)
 
-    got, want = _roll_off_and_on(lambda: tg.grad(f, argnums=(0, 1, 2))(W, xs, h0))
+    got, want = rolled_and_unrolled(lambda: tg.grad(f, argnums=(0, 1, 2))(W, xs, h0))
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 

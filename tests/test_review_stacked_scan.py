@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import graph_of
 
 import tracegrad as tg
 from tracegrad import ir
@@ -12,14 +13,6 @@ from tracegrad.ir.fission import fission
 from tracegrad.ir.scan import unroll_scans
 
 F8, I8 = np.dtype("f8"), np.dtype("i8")
-
-
-def _graph_of(fn, *avals):
-    b = ir.Builder("t")
-    ins = [b.new_input(a) for a in avals]
-    with b.active():
-        outs = fn(*ins)
-    return b.build(list(outs))
 
 
 def _scan_graph(body, T, C, K, reverse=False):
@@ -52,7 +45,7 @@ def _close(got, want, tol=1e-12):
 def _carry_free_scan():
     """A scan with no carry whose one per-step output is carry-free work: fission moves it all
     out of the loop."""
-    body = _graph_of(lambda W, x: [tg.sin(x @ W)], ir.Aval((3, 3), F8), ir.Aval((1, 3), F8))
+    body = graph_of(lambda W, x: [tg.sin(x @ W)], ir.Aval((3, 3), F8), ir.Aval((1, 3), F8))
     return _scan_graph(body, 4, 1, 0)
 
 
@@ -75,7 +68,7 @@ def test_program_of_a_fissioned_carry_free_scan():
 
 def _int_carry_scan():
     """A scan whose only carry is an int counter; its float ys read the counter."""
-    body = _graph_of(lambda W, n, x: [n + 1, tg.sin(x @ W) * tg.astype(n, F8)],
+    body = graph_of(lambda W, n, x: [n + 1, tg.sin(x @ W) * tg.astype(n, F8)],
                      ir.Aval((3, 3), F8), ir.Aval((), I8), ir.Aval((1, 3), F8))
     return _scan_graph(body, 4, 1, 1)
 

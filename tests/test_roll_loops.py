@@ -31,14 +31,6 @@ def _rnn_args(H=4, n=16, seed=0):
     return rand(H, H, seed=seed) / 2, rand(H, H, seed=seed + 1) / 2, rand(n, 1, H, seed=seed + 2)
 
 
-@pytest.fixture
-def unrolled():
-    old = tg.config.roll_loops
-    tg.config.roll_loops = False
-    yield
-    tg.config.roll_loops = old
-
-
 @pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 9, 15])
 def test_rolled_rnn_computes_the_unrolled_values(T):
     W, U, xs = _rnn_args()

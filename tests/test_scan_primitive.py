@@ -5,21 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import numerical_jvp
+from conftest import graph_of, numerical_jvp
 
 import tracegrad as tg
 from tracegrad import ir
 from tracegrad.ir.scan import unroll_scans
 
 F4, F8, I8 = np.dtype("f4"), np.dtype("f8"), np.dtype("i8")
-
-
-def graph_of(fn, *avals: ir.Aval) -> ir.Graph:
-    b = ir.Builder("body")
-    xs = [b.new_input(a) for a in avals]
-    with b.active():
-        outs = fn(*xs)
-    return b.build(list(outs))
 
 
 def scan(body: ir.Graph, length: int, consts, carry, xs) -> list:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import check_grads, numerical_jvp, rand
+from conftest import check_grads, graph_of, numerical_jvp, rand, rolled_and_unrolled
 
 import tracegrad as tg
 from tracegrad import ir
@@ -22,26 +22,6 @@ def _scans(graph):
 
 def _ops(graph):
     return [e.op for e in graph.eqns]
-
-
-@pytest.fixture
-def unrolled():
-    old = tg.config.roll_loops
-    tg.config.roll_loops = False
-    yield
-    tg.config.roll_loops = old
-
-
-def _rolled_and_unrolled(fn):
-    old = tg.config.roll_loops
-    try:
-        tg.config.roll_loops = False
-        want = fn()
-        tg.config.roll_loops = True
-        got = fn()
-    finally:
-        tg.config.roll_loops = old
-    return got, want
 
 
 def _close(got, want, rtol=1e-11, atol=1e-13):
@@ -90,7 +70,7 @@ def test_per_step_inputs_are_stacked_and_the_graph_is_o1(name):
             assert _ops(r).count("slice") == 1 and "concatenate" not in _ops(r)
     if name != "computed":
         assert sizes[0] == sizes[1]
-    got, want = _rolled_and_unrolled(lambda: tg.grad(f, argnums=(0, 1, 2))(W, U, xs, 7))
+    got, want = rolled_and_unrolled(lambda: tg.grad(f, argnums=(0, 1, 2))(W, U, xs, 7))
     _close(got, want)
 
 
@@ -112,19 +92,11 @@ def test_values_read_after_the_loop_are_taken_from_the_stacked_output():
                for v in scan.outvars)
     np.testing.assert_allclose(ir.interpret(r, [W, xs])[0], ir.interpret(g, [W, xs])[0],
                                rtol=1e-13)
-    got, want = _rolled_and_unrolled(lambda: tg.grad(f, argnums=(0, 1))(W, xs))
+    got, want = rolled_and_unrolled(lambda: tg.grad(f, argnums=(0, 1))(W, xs))
     _close(got, want)
 
 
 # ---- loop fission ------------------------------------------------------------------------------
-
-def _graph_of(fn, *avals):
-    b = ir.Builder("t")
-    ins = [b.new_input(a) for a in avals]
-    with b.active():
-        outs = fn(*ins)
-    return b.build(list(outs))
-
 
 def _scan_graph(body, T, C, K):
     head = body.in_avals[:C + K]
@@ -156,7 +128,7 @@ def test_fission_moves_input_and_output_work_out_of_the_loop():
         return hn, 1.0 - hn * hn, tg.exp(p)            # ys no carry needs: after
     avals = [ir.Aval((4, 4), F8), ir.Aval((4, 4), F8), ir.Aval((1, 4), F8),
              ir.Aval((1, 4), F8), ir.Aval((2, 2), F8)]
-    body = _graph_of(step, *avals)
+    body = graph_of(step, *avals)
     g = _scan_graph(body, 6, 3, 1)
     f = _fissioned(g)
     ir.verify(f)
@@ -205,7 +177,7 @@ def _random_body(seed, post=False):
                 ys.append(tg.reshape(v, (2, 3)) if v.size == 6 else tg.sum(v) * c1)
         return (carry, *ys)
     a = ir.Aval((2, 3), F8)
-    return _graph_of(step, a, a, a, a, a)
+    return graph_of(step, a, a, a, a, a)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -233,7 +205,7 @@ def test_program_of_a_scan_does_not_grow_with_its_length():
         hn = tg.tanh(h @ W + x)
         return hn, hn * 2
     a = ir.Aval((3, 3), F8), ir.Aval((1, 3), F8), ir.Aval((1, 3), F8)
-    body = _graph_of(step, *a)
+    body = graph_of(step, *a)
     sizes = []
     for T in (3, 40):
         for rev in (False, True):
@@ -284,7 +256,7 @@ def test_native_code_of_a_reverse_scan(no_disk_cache):
         hn = tg.tanh(h @ W + x)
         return hn, tg.sin(hn)
     a = ir.Aval((3, 3), np.dtype("f4")), ir.Aval((1, 3), np.dtype("f4"))
-    body = _graph_of(step, a[0], a[1], a[1])
+    body = graph_of(step, a[0], a[1], a[1])
     b = ir.Builder("o")
     ins = [b.new_input(v) for v in (a[0], a[1], ir.Aval((5, 1, 3), np.dtype("f4")))]
     with b.active():
@@ -321,7 +293,7 @@ def test_jvp_of_a_reverse_scan_against_finite_differences():
         hn = tg.tanh(h @ W + x)
         return hn, hn * x
     a = ir.Aval((3, 3), F8), ir.Aval((1, 3), F8)
-    body = _graph_of(step, a[0], a[1], a[1])
+    body = graph_of(step, a[0], a[1], a[1])
     b = ir.Builder("o")
     ins = [b.new_input(v) for v in (a[0], a[1], ir.Aval((4, 1, 3), F8))]
     with b.active():
@@ -345,7 +317,7 @@ def test_grad_of_grad_through_a_stacked_scan():
 
     def hvp(W, U, xs):
         return tg.sum(tg.grad(_rnn, argnums=(0, 1))(W, U, xs)[0] ** 2)
-    got, want = _rolled_and_unrolled(lambda: tg.grad(hvp, argnums=(0, 1, 2))(W, U, xs))
+    got, want = rolled_and_unrolled(lambda: tg.grad(hvp, argnums=(0, 1, 2))(W, U, xs))
     _close(got, want, rtol=1e-9, atol=1e-11)
 
 
@@ -378,5 +350,5 @@ def test_a_step_input_also_read_after_the_loop_keeps_its_slice():
     assert _scans(r)
     np.testing.assert_allclose(ir.interpret(r, [W, xs])[0], ir.interpret(g, [W, xs])[0],
                                rtol=1e-13)
-    got, want = _rolled_and_unrolled(lambda: tg.grad(f, argnums=(0, 1))(W, xs))
+    got, want = rolled_and_unrolled(lambda: tg.grad(f, argnums=(0, 1))(W, xs))
     _close(got, want)
