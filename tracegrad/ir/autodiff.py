@@ -80,7 +80,6 @@ def _rule(e: Any, gs: list, ins: list, outs: list, need: tuple | None) -> Any:
 # signature are copied for the next equation with that signature (a trace of a loop
 # differentiates each step the same way), instead of running the rule again.
 _TEMPLATES: dict[Any, Any] = {}
-_SEEN: dict[Any, bool] = {}     # signatures met once: a template pays from the second equation
 _UNCACHED = {"custom_vjp_call"}     # runs user code
 _PARTIAL = PARTIAL_VJP | {"scan"}   # rules told which inputs need a gradient
 
@@ -108,9 +107,6 @@ def _vjp(b: Builder, e: Any, gs: list, ins: list, outs: list, need: tuple | None
         except TypeError:   # params that cannot be hashed
             return _rule(e, gs, ins, outs, need)
     if tpl is None:
-        if key not in _SEEN:    # (shapes that change with a static argument: met once)
-            remember(_SEEN, key, True, 4096)
-            return _rule(e, gs, ins, outs, need)
         tpl = remember(_TEMPLATES, key, _record(e, atoms, sig, need), 4096)
     if tpl is False:
         return _rule(e, gs, ins, outs, need)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .core import Atom, Eqn, Graph, Var
 from .fission import aval
 from .passes import dce
+from .unroll import row_of_slice
 
 
 def join_rows(graph: Graph) -> Graph:
@@ -68,13 +69,10 @@ def _row_of(a: Atom, made: dict[int, Eqn]) -> tuple[Var, int] | None:
     e = made.get(a.id)
     while e is not None and e.op == "reshape" and e.inputs[0].aval.shape[:1] == (1,):
         e = made.get(e.inputs[0].id) if type(e.inputs[0]) is Var else None
-    if e is None or e.op != "slice":
+    start = row_of_slice(e) if e is not None else None
+    if start is None:
         return None
-    x, index = e.inputs[0], e.params["index"]
-    start, stop, step = index[0]
-    if stop != start + 1 or step != 1 or any(
-            r != (0, d, 1) for r, d in zip(index[1:], x.aval.shape[1:])):
-        return None
+    x = e.inputs[0]
     # rows of a reshape that keeps the leading axis are rows of its input, reshaped
     p = made.get(x.id) if type(x) is Var else None
     while p is not None and p.op == "reshape" and type(p.inputs[0]) is Var and \

@@ -14,25 +14,9 @@ import numpy as np
 
 from . import emit as E
 from .builder import Builder, Traced, bind
-from .core import Atom, Eqn, Graph, Var, is_float, remember
+from .core import Eqn, Graph, Var, is_float, remember
 from .fission import fission
-from .unroll import unroll_scans
-
-
-def has_scan(graph: Graph) -> bool:
-    return any(e.op == "scan" for e in graph.eqns)
-
-
-def split_inputs(e: Eqn) -> tuple[list[Atom], list[Atom], list[Atom]]:
-    """A scan equation's inputs as (consts, carry, stacked xs)."""
-    c, k = e.params["n_consts"], e.params["n_carry"]
-    return list(e.inputs[:c]), list(e.inputs[c:c + k]), list(e.inputs[c + k:])
-
-
-def steps_of(params: dict) -> range:
-    """The iterations of a scan in the order they run."""
-    n = params["length"]
-    return range(n - 1, -1, -1) if params.get("reverse") else range(n)
+from .unroll import has_scan, split_inputs, unroll_scans
 
 
 # ---- forward mode ------------------------------------------------------------------------------

@@ -17,6 +17,18 @@ from .ops import OPS
 _PER_STEP = {"unary", "binary", "select", "compare"}    # kinds that work element by element
 
 
+def row_of_slice(e: Eqn) -> int | None:
+    """t when `e` is a `slice` of exactly row t (along axis 0, all of the other axes)."""
+    if e.op != "slice":
+        return None
+    index = e.params["index"]
+    start, stop, step = index[0]
+    if stop != start + 1 or step != 1 or any(
+            r != (0, d, 1) for r, d in zip(index[1:], e.inputs[0].aval.shape[1:])):
+        return None
+    return start
+
+
 class _Steps:
     """A stacked value as its steps' values: `parts[t]` is row `t` (its aval `aval.shape[1:]`)."""
     __slots__ = ("parts", "aval", "whole", "origin")
@@ -28,12 +40,28 @@ class _Steps:
         self.origin = origin               # the concatenate that makes it, if one does
 
 
+def has_scan(graph: Graph) -> bool:
+    return any(e.op == "scan" for e in graph.eqns)
+
+
+def split_inputs(e: Eqn) -> tuple[list[Atom], list[Atom], list[Atom]]:
+    """A scan equation's inputs as (consts, carry, stacked xs)."""
+    c, k = e.params["n_consts"], e.params["n_carry"]
+    return list(e.inputs[:c]), list(e.inputs[c:c + k]), list(e.inputs[c + k:])
+
+
+def steps_of(params: dict) -> range:
+    """The iterations of a scan in the order they run."""
+    n = params["length"]
+    return range(n - 1, -1, -1) if params.get("reverse") else range(n)
+
+
 def unroll_scans(graph: Graph) -> Graph:
     """`graph` with every scan (nested ones too) written out as `length` copies of its body,
     with fresh variables. Step t of a scan reads row t of a stacked input: the value step t of
     an earlier scan made, or a `slice` of an array. Returns `graph` itself when it holds no
     scan."""
-    if not any(e.op == "scan" for e in graph.eqns):
+    if not has_scan(graph):
         return graph
     return _Unroller(graph, {}).run()
 
@@ -137,14 +165,10 @@ class _Unroller:
     def one_row(self, e: Eqn) -> bool:
         """`slice` of one row (along axis 0, all of the others) of a value known by steps: that
         step's value, reshaped. False (nothing written) for other equations."""
-        if e.op != "slice":
+        t = row_of_slice(e)
+        if t is None:
             return False
-        s = self.env.get(e.inputs[0].id)
-        start, stop, step = e.params["index"][0]
-        if stop != start + 1 or step != 1 or any(
-                r != (0, d, 1) for r, d in zip(e.params["index"][1:], s.aval.shape[1:])):
-            return False
-        part = s.parts[start]
+        part = self.env[e.inputs[0].id].parts[t]
         if type(part) is Lit:
             return False
         self.eqns.append(Eqn("reshape", [part], e.outvars, {"shape": e.outvars[0].aval.shape},
@@ -171,7 +195,7 @@ class _Unroller:
                 params = {"perm": tuple(p - 1 for p in params["perm"][1:])}
             elif e.op == "reshape" and x.aval.shape[:1] == (n,):
                 params = {"shape": row.shape}
-            elif e.op in ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod") and \
+            elif OPS[e.op].kind == "reduce" and "axes" in params and \
                     0 not in params["axes"] and x.aval.shape[:1] == (n,):
                 params = {"axes": tuple(a - 1 for a in params["axes"])}
             elif e.op == "matmul" and len(out.shape) == 3 and \
@@ -202,7 +226,7 @@ class _Unroller:
     def scan(self, e: Eqn) -> None:
         p = e.params
         body = p["body"]
-        if any(x.op == "scan" for x in body.eqns):
+        if has_scan(body):
             hit = self.flat.get(id(body))
             if hit is None:
                 hit = self.flat[id(body)] = _Unroller(body, self.flat).run()
@@ -212,13 +236,12 @@ class _Unroller:
             env[v.id] = w = Var(v.aval)
             self.constvars.append(w)
             self.consts.append(c)
-        c, k, n = p["n_consts"], p["n_carry"], p["length"]
-        const_in = [self.whole(a) for a in e.inputs[:c]]
-        carry = [self.whole(a) for a in e.inputs[c:c + k]]
-        xs = list(e.inputs[c + k:])
-        x_avals = body.in_avals[c + k:]
+        const_in, carry, xs = split_inputs(e)
+        const_in, carry = [self.whole(a) for a in const_in], [self.whole(a) for a in carry]
+        k, n = len(carry), p["length"]
+        x_avals = body.in_avals[len(const_in) + k:]
         ys: list[list[Atom]] = [[None] * n for _ in body.outvars[k:]]   # type: ignore
-        for t in (range(n - 1, -1, -1) if p.get("reverse") else range(n)):
+        for t in steps_of(p):
             x_t = [self.row(x, t, a, e.source) for x, a in zip(xs, x_avals)]
             outs = _inline(body, const_in + carry + x_t, env, self.eqns, e.source)
             carry = outs[:k]
