@@ -200,7 +200,7 @@ def _step_fn(e: Any, multi: bool) -> Callable:
 
 class Program:
     """`graph` prepared for repeated interpretation (bit-identical to `interpret`)."""
-    __slots__ = ("graph", "init", "steps", "outs", "in_avals", "n_in")
+    __slots__ = ("graph", "init", "steps", "outs", "in_avals", "n_in", "made")
 
     def __init__(self, graph: Graph):
         self.graph = graph
@@ -222,13 +222,15 @@ class Program:
             return k
 
         steps: list[tuple] = []
+        made: dict[int, Any] = {}    # id(equation) -> its step, or (its slot,) for a constant
         for e in _live(graph):
             op, outvars = e.op, e.outvars
             if op in _CREATE:
-                val = np.asarray(OPS[op].ref(**e.params), outvars[0].aval.dtype)
+                made[id(e)] = (len(init),)
                 slots[outvars[0].id] = len(init)
-                init.append(val.reshape(outvars[0].aval.shape))
+                init.append(_created(e))
                 continue
+            made[id(e)] = len(steps)
             ins = tuple([slots[a.id] if type(a) is not Lit else slot_of(a) for a in e.inputs])
             first = len(init)
             init += [None] * len(outvars)
@@ -243,9 +245,34 @@ class Program:
             steps.append((fn, ins, tuple(range(first, len(init))), -1))
         self.init = init
         self.steps = steps
+        self.made = made
         self.outs = [slot_of(a) for a in graph.outvars]
         self.in_avals = [(v.aval.shape, v.aval.dtype) for v in graph.invars]
         self.n_in = len(graph.invars)
+
+    def respecialized(self, graph: Graph, changed: Sequence[int]) -> Program:
+        """The Program of `graph`, a graph equal to this one's but for the params and types of
+        the equations at positions `changed` (see ir.template): those steps are made again,
+        the rest shared."""
+        new = object.__new__(Program)
+        new.graph = graph
+        new.init = init = list(self.init)
+        new.steps = steps = list(self.steps)
+        new.made = None
+        new.outs, new.in_avals, new.n_in = self.outs, self.in_avals, self.n_in
+        made, old = self.made, self.graph.eqns
+        for at in changed:
+            k = made.get(id(old[at]))
+            if k is None:       # dead
+                continue
+            e = graph.eqns[at]
+            if type(k) is tuple:
+                init[k[0]] = _created(e)
+                continue
+            _, ins, out, n = steps[k]
+            fn = _scan_fn(e) if e.op == "scan" else _step_fn(e, n < 0)
+            steps[k] = (fn, ins, out, n)
+        return new
 
     def __call__(self, args: Sequence[Any]) -> list[np.ndarray]:
         if len(args) != self.n_in:
@@ -269,6 +296,12 @@ class Program:
                     for k, o in zip(out, fn(*[env[i] for i in ins])):
                         env[k] = o
         return [np.array(env[k]) for k in self.outs]
+
+
+def _created(e: Any) -> np.ndarray:
+    """The value of a `full` or `iota` equation."""
+    out = e.outvars[0].aval
+    return np.asarray(OPS[e.op].ref(**e.params), out.dtype).reshape(out.shape)
 
 
 def _scan_fn(e: Any) -> Callable:

@@ -15,6 +15,7 @@ from .executor import Tiered, compile_graph
 from .pytree import TreeDef, tree_flatten, unflattener
 from ..ir.builder import current_builder
 from ..ir.core import remember
+from ..ir.template import Template, loop_form
 from .trace import leaf_values, trace, tracing
 
 log = logging.getLogger("tracegrad")
@@ -49,6 +50,42 @@ class _Entry:
         """The optimised graph (a tiered entry optimises it now if it has not yet)."""
         run = self.run
         return run.optimized_graph if isinstance(run, Tiered) else run.graph
+
+
+class _Family:
+    """The graphs one jitted function made for traces of one loop at several lengths: two
+    give a template, a third checks it (see ir.template); after that, one is written from
+    the template for each new length. A family whose graphs do not fit a template is given
+    up (its functions are rolled and differentiated each time, as without one)."""
+    __slots__ = ("out_tree", "seen", "template", "checked", "dead", "least")
+
+    def __init__(self, out_tree: TreeDef):
+        self.out_tree = out_tree
+        self.seen: tuple | None = None      # (graph, n) of the first count, then both counts
+        self.template: Template | None = None
+        self.checked = False
+        self.dead = False
+        self.least = 0      # the fewest trips of the graphs it was made from: rolling a
+        # short loop can differ (roll_loops leaves a loop too short for it unrolled)
+
+    def add(self, graph: ir.Graph, n: int) -> None:
+        if self.dead:
+            return
+        if self.template is None:
+            if self.seen is None:
+                self.seen = (graph, n)
+                self.least = n
+            elif self.seen[1] != n:
+                self.template = Template.derive(*self.seen, graph, n)
+                self.seen = (self.seen[1], n)       # the counts it was made from
+                self.least = min(self.least, n)
+                self.dead = self.template is None
+        elif not self.checked and n not in self.seen:     # a third count
+            self.checked = self.template.matches(graph, n)
+            self.least = min(self.least, n)
+            self.dead = not self.checked
+            if self.dead:
+                self.template = None
 
 
 def _leaf_key(x: Any) -> Any:
@@ -130,6 +167,7 @@ class Jitted:
         self._last_key: Any = None
         self._fast: dict[Any, _Entry] = {}
         self._by_keywords: dict[Any, Jitted] = {}
+        self._families: dict[Any, _Family] = {}     # see _compile_loop
         # updated=(): copying f.__dict__ would let a callable object's attributes
         # (a `cache`, an `f`) overwrite ours
         functools.update_wrapper(self, f, updated=())
@@ -199,15 +237,20 @@ class Jitted:
 
     def _compile(self, args: tuple, key: Any) -> _Entry:
         t0 = time.perf_counter()
-        tf, _ = trace(self.f, args, self.static, optimized_later=True)
-        # Like JAX, the first signature compiles on the first call. A function that retraces
-        # (static arguments, or a second signature) is tiered: new signatures run on the
-        # interpreter until hot. bench `dynamic` (RNN, 11 lengths over 60 calls): a compile
-        # per length (0.31-0.50 s each, measured) would cost 57-92 ms/iter; tiered, the run
-        # measured 7.6 ms/iter.
-        tiered = bool(self.static) or bool(self.cache)
-        run = compile_graph(tf.graph, tiered=tiered, optimized=False)
-        entry = _Entry(tf.out_tree, run)
+        traced = getattr(self.f, "traced", None)
+        if traced is not None and self.static and config.roll_loops and all(
+                type(a) is np.ndarray for i, a in enumerate(args) if i not in self.static):
+            entry = self._compile_loop(args, key, *traced)
+        else:
+            tf, _ = trace(self.f, args, self.static, optimized_later=True)
+            # Like JAX, the first signature compiles on the first call. A function that
+            # retraces (static arguments, or a second signature) is tiered: new signatures
+            # run on the interpreter until hot. bench `dynamic` (RNN, 11 lengths over 60
+            # calls): a compile per length (0.31-0.50 s each, measured) would cost 57-92
+            # ms/iter; tiered, the run measured 7.6 ms/iter.
+            tiered = bool(self.static) or bool(self.cache)
+            entry = _Entry(tf.out_tree, compile_graph(tf.graph, tiered=tiered,
+                                                      optimized=False))
         if config.log_compiles:
             reason = self._miss_reason(key)
             log.warning("jit: compiled %s in %.1f ms%s", getattr(self.f, "__name__", "fn"),
@@ -215,6 +258,30 @@ class Jitted:
         self.cache[key] = entry
         self._last_key = key
         return entry
+
+    def _compile_loop(self, args: tuple, key: Any, start: Callable, finish: Callable
+                      ) -> _Entry:
+        """`_compile` of a transform that traces the user's function first (`grad`,
+        `value_and_grad`: `start` traces, `finish` differentiates inside jit's trace). When
+        that trace is a loop whose other signatures made graphs differing only in integers
+        linear in the trip count, the graph for this one is written from their template
+        instead of being rolled and differentiated again (see ir.template)."""
+        started = start(args)
+        found = loop_form(started[0].graph)
+        family = None
+        if found is not None:
+            form, n = found
+            family = self._families.get((key[0], key[1], form))
+            if family is not None and family.checked and n >= family.least:
+                return _Entry(family.out_tree, compile_graph(
+                    family.template.instantiate(n), tiered=True, optimized=False))
+        tf, _ = trace(lambda *a: finish(a, started), args, self.static, optimized_later=True)
+        if found is not None:
+            if family is None:
+                family = remember(self._families, (key[0], key[1], form),
+                                  _Family(tf.out_tree), 256)
+            family.add(tf.graph, n)
+        return _Entry(tf.out_tree, compile_graph(tf.graph, tiered=True, optimized=False))
 
     def _miss_reason(self, key: Any) -> str:
         old = self._last_key

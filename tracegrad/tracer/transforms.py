@@ -77,19 +77,29 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
     """`(value, grad)` of a scalar function; grad is for the args named by `argnums`."""
     fname = getattr(f, "__name__", "f")
 
-    @functools.wraps(f)
-    def vg(*args: Any, **kwargs: Any) -> Any:
+    def start(args: tuple) -> tuple:
+        """Trace f: (its traced function, its flat leaves, what finish needs)."""
         nums = _argnums(argnums, len(args), "grad")
-        if kwargs:   # keyword arguments are traced like positional ones, never differentiated
-            return value_and_grad(_positional(f, len(args), tuple(kwargs)),
-                                  nums[0] if isinstance(argnums, int) else nums,
-                                  has_aux)(*args, *kwargs.values())
         static = _static_ints(args, nums)
         ranges = _leaf_ranges(args, static)
         wrt = [i for n in nums for i in ranges[n]]
         _check_float(flatten_args([a for i, a in enumerate(args) if i not in static])[0],
                      wrt, "grad")
         tf, leaves = trace(f, args, static)
+        return tf, leaves, (nums, static, ranges, wrt)
+
+    @functools.wraps(f)
+    def vg(*args: Any, **kwargs: Any) -> Any:
+        if kwargs:   # keyword arguments are traced like positional ones, never differentiated
+            nums = _argnums(argnums, len(args), "grad")
+            return value_and_grad(_positional(f, len(args), tuple(kwargs)),
+                                  nums[0] if isinstance(argnums, int) else nums,
+                                  has_aux)(*args, *kwargs.values())
+        return finish(args, *start(args))
+
+    def finish(args: tuple, tf: Any, leaves: list, meta: tuple) -> Any:
+        """Differentiate f's trace `tf` (its inputs: `leaves`) into the value and gradient."""
+        nums, _, ranges, wrt = meta
         g = ir.roll_loops(tf.graph) if config.roll_loops else tf.graph
         n_out = len(g.outvars)
         if has_aux:
@@ -127,6 +137,12 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
             k += count
         grad_tree = per_arg[0] if isinstance(argnums, int) else tuple(per_arg)
         return value, grad_tree
+    def finish_traced(args: tuple, started: tuple) -> Any:
+        """`finish` of what `start` traced, inside another trace whose inputs are `args`."""
+        tf, _, meta = started
+        leaves = flatten_args([a for i, a in enumerate(args) if i not in meta[1]])[0]
+        return finish(args, tf, leaves, meta)
+    vg.traced = (start, finish_traced)    # for jit: trace f first, then decide (jit._compile)
     return vg
 
 
@@ -134,10 +150,15 @@ def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -
     """The gradient of a scalar function (JAX's `grad`)."""
     vg = value_and_grad(f, argnums, has_aux)
 
+    def pick(value_grads: tuple) -> Any:
+        value, grads = value_grads
+        return (grads, value[1]) if has_aux else grads
+
     @functools.wraps(f)
     def g(*args: Any, **kwargs: Any) -> Any:
-        value, grads = vg(*args, **kwargs)
-        return (grads, value[1]) if has_aux else grads
+        return pick(vg(*args, **kwargs))
+    start, finish = vg.traced
+    g.traced = (start, lambda args, started: pick(finish(args, started)))
     return g
 
 

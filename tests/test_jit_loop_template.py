@@ -1,0 +1,162 @@
+"""jit of grad over a loop whose length is a static argument: after two lengths (and a third
+that checks), the graph for a new length is written from a template (ir.template) instead of
+being rolled and differentiated again. Every result must be bit-identical to what a fresh
+jit (no template) computes, and anything the template cannot account for must fall back."""
+import numpy as np
+import pytest
+
+import tracegrad as tg
+from tracegrad.ir.template import Template, loop_form
+from tracegrad.tracer.trace import trace
+
+H = 8
+
+
+@pytest.fixture
+def data():
+    rng = np.random.default_rng(0)
+    W = (rng.standard_normal((H, H)) / 3).astype(np.float32)
+    U = (rng.standard_normal((H, H)) / 3).astype(np.float32)
+    xs = rng.standard_normal((20, 1, H)).astype(np.float32)
+    return W, U, xs
+
+
+def rnn(W, U, xs, T):
+    h = tg.zeros((1, H))
+    for t in range(T):
+        h = tg.tanh(h @ W + xs[t] @ U)
+    return tg.sum(h * h)
+
+
+def _same(a, b):
+    fa, fb = tg.tree_flatten(a)[0], tg.tree_flatten(b)[0]
+    return len(fa) == len(fb) and all(np.array_equal(np.asarray(x), np.asarray(y))
+                                      for x, y in zip(fa, fb))
+
+
+def _check(make, args, lengths, static=(3,)):
+    """Call one jitted function at every length, each result against a fresh jit's."""
+    step = tg.jit(make(), static_argnums=static)
+    for T in lengths:
+        got = step(*args, T)
+        want = tg.jit(make(), static_argnums=static)(*args, T)
+        assert _same(got, want), f"length {T}"
+    return step
+
+
+def _templated(step):
+    return [f for f in step._families.values() if f.checked]
+
+
+def test_rnn_lengths_match_fresh_jit_and_use_the_template(data):
+    lengths = [5, 12, 8, 15, 11, 7, 14, 10, 6, 13, 9, 16, 5, 3, 4, 20]
+    step = _check(lambda: tg.value_and_grad(rnn, argnums=(0, 1)), data, lengths)
+    assert _templated(step), "the loop was never written from a template"
+
+
+def test_grad_and_has_aux_use_the_template(data):
+    def aux(W, U, xs, T):
+        return rnn(W, U, xs, T), tg.sum(W)
+    step = _check(lambda: tg.grad(rnn, argnums=1), data, [4, 6, 5, 9, 7, 8])
+    assert _templated(step)
+    step = _check(lambda: tg.value_and_grad(aux, argnums=0, has_aux=True), data,
+                  [4, 6, 5, 9, 7, 8])
+    assert _templated(step)
+
+
+def test_loop_with_bias_and_invariant_from_before_the_loop(data):
+    W, U, xs = data
+    b = np.linspace(-1, 1, H).astype(np.float32)
+
+    def f(W, U, xs, b, T):
+        Wt = tg.transpose(W) * 0.5        # read by every step: made before the loop
+        h = tg.ones((1, H))
+        for t in range(T):
+            h = tg.tanh(h @ Wt + xs[t] @ U + b)
+        return tg.mean(h * h)
+    _check(lambda: tg.value_and_grad(f, argnums=(0, 1, 3)), (W, U, xs, b),
+           [3, 7, 4, 9, 5, 11, 6], static=(4,))
+
+
+def test_every_other_input_and_stacked_outputs(data):
+    W, U, xs = data
+
+    def f(W, U, xs, T):
+        h = tg.zeros((1, H))
+        hs = []
+        for t in range(T):
+            h = tg.tanh(h @ W + xs[2 * t] @ U)
+            hs.append(h)
+        return tg.sum(tg.stack(hs) ** 2)
+    _check(lambda: tg.value_and_grad(f, argnums=(0, 1)), data, [3, 6, 4, 9, 5, 8, 7])
+
+
+@pytest.mark.parametrize("body", ["reversed", "two_back", "scaled_by_T", "fixed_trips",
+                                  "half_trips"])
+def test_look_alikes_fall_back(data, body):
+    """Loops whose graphs change with T in ways no template fits: results stay exact."""
+    W, U, xs = data
+
+    def f(W, U, xs, T):
+        h = tg.zeros((1, H))
+        prev = h
+        trips = {"fixed_trips": max(T, 8), "half_trips": T // 2 + 3}.get(body, T)
+        for t in range(trips):
+            x = xs[T - 1 - t] if body == "reversed" else xs[t % 20]
+            if body == "two_back":
+                h, prev = tg.tanh(prev @ W + x @ U), h
+            else:
+                h = tg.tanh(h @ W + x @ U)
+            if body == "scaled_by_T":
+                h = h * (1.0 / T)
+        return tg.sum(h * h)
+    _check(lambda: tg.value_and_grad(f, argnums=(0, 1)), data,
+           [4, 6, 5, 9, 7, 8, 12, 10, 11, 13, 3, 14])
+
+
+def test_captured_array_replaced_between_calls(data):
+    W, U, xs = data
+    box = {"c": np.ones((1, H), np.float32)}
+
+    def f(W, U, xs, T):
+        h = tg.zeros((1, H)) + box["c"]
+        for t in range(T):
+            h = tg.tanh(h @ W + xs[t] @ U)
+        return tg.sum(h * h)
+    step = tg.jit(tg.value_and_grad(f, argnums=(0, 1)), static_argnums=(3,))
+    for T in (4, 6, 5):
+        step(W, U, xs, T)
+    box["c"] = np.full((1, H), 3.0, np.float32)     # a new array: jit traces with it
+    got = step(W, U, xs, 9)
+    want = tg.jit(tg.value_and_grad(f, argnums=(0, 1)), static_argnums=(3,))(W, U, xs, 9)
+    assert _same(got, want)
+
+
+def test_loop_form_tells_lengths_alike_and_other_graphs_apart(data):
+    W, U, xs = data
+    forms = {T: loop_form(trace(rnn, (W, U, xs, T), (3,))[0].graph) for T in (4, 5, 9)}
+    assert forms[4][1] == 4 and forms[9][1] == 9
+    assert forms[4][0] == forms[5][0] == forms[9][0]
+
+    def other(W, U, xs, T):
+        h = tg.zeros((1, H))
+        for t in range(T):
+            h = tg.tanh(h @ W + xs[t] @ U) * 1.5
+        return tg.sum(h * h)
+    assert loop_form(trace(other, (W, U, xs, 5), (3,))[0].graph)[0] != forms[5][0]
+    assert loop_form(trace(rnn, (W, U, xs[:12], 5), (3,))[0].graph)[0] != forms[5][0]
+
+
+def test_template_refuses_what_is_not_linear_in_the_count():
+    def graph(n, k):
+        f32 = np.dtype(np.float32)
+        x, y = tg.ir.Var(tg.ir.Aval((20, 3), f32)), tg.ir.Var(tg.ir.Aval((k, 3), f32))
+        e = tg.ir.Eqn("slice", [x], [y], {"index": ((0, k, 1), (0, 3, 1))})
+        return tg.ir.Graph([x], [e], [y])
+    assert Template.derive(graph(4, 8), 4, graph(6, 12), 6).ints     # k = 2n: linear
+    assert Template.derive(graph(4, 8), 4, graph(7, 9), 7) is None    # 1/3 per trip
+    t = Template.derive(graph(4, 8), 4, graph(6, 12), 6)
+    assert t.matches(graph(9, 18), 9) and not t.matches(graph(9, 17), 9)
+    made = t.instantiate(5)
+    assert made.eqns[0].params["index"][0] == (0, 10, 1)
+    assert made.outvars[0].aval.shape == (10, 3)

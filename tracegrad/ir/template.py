@@ -1,0 +1,377 @@
+"""Graphs that differ only in a loop's trip count: the forms that tell them alike, and graph
+templates that make the graph for a new count without running the passes that made it.
+
+A function traced with a Python loop of T steps gives a graph of T equal blocks. Rolling,
+differentiating and preparing that graph (roll_loops, backward_pass, the Program) costs about
+a millisecond each new T, though what comes out differs only in a few integers: the scan's
+length, the stacked shapes, the bounds of the slice feeding the loop. Two pieces remove it:
+
+- `loop_form(graph)`: the graph written as (before, body, after) with the body's repeat count
+  left out, in relative terms (an input is "the value made d equations back"), so traces of
+  the same loop at any length have equal forms, and a trace that differs anywhere else (one
+  constant, one shape, a step reading from two steps back) has another form.
+- `Template.derive(g1, n1, g2, n2)`: from two graphs made the same way for counts n1 != n2,
+  every integer in which they differ (params and shapes) as a * n + b; `instantiate(n)` writes
+  the graph for another count. Derivation refuses anything else that differs (an op, a
+  float, a body graph, a wiring), so a template is only made from graphs equal but for
+  integers linear in the count."""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+
+from .core import Aval, Eqn, Graph, Lit, Var
+from .interpret import program
+from .passes import _frozen_params
+
+_CODES: dict[Any, int] = {}     # an equation's relative form -> an int
+_NEXT = itertools.count()        # never handed out twice: forms made before a clear stay apart
+MIN_TRIPS = 3
+
+
+def _params_key(op: str, params: dict, frozen: bool = False) -> Any:
+    if not params:
+        return ()
+    if frozen:
+        return _frozen_params(params)
+    if op == "full":
+        v = params.get("value")
+        if isinstance(v, (float, np.floating)):     # -0.0 == 0.0, but they differ
+            return tuple(params.items()) + (math.copysign(1.0, v),)
+    return tuple(params.items())
+
+
+def _codes(graph: Graph) -> tuple[list[int], list[tuple], list] | None:
+    """Per equation an int naming its op, params, output types and inputs (a literal by its
+    bits, a graph input by its position, a value made in the graph by how many equations back
+    and which output); a slice's start indices are left out of it and listed apart, as
+    (position, starts). Also the outputs' forms. None if some equation cannot be named."""
+    where: dict[int, int] = {}
+    for k, v in enumerate(graph.invars):
+        where[v.id] = -1 - k
+    base = len(graph.invars)
+    for k, v in enumerate(graph.constvars):
+        where[v.id] = -1 - base - k
+    codes: list[int] = []
+    append = codes.append
+    starts: list[tuple] = []
+    table, get = _CODES, _CODES.get
+    for i, e in enumerate(graph.eqns):
+        op, ins, outs, params = e.op, e.inputs, e.outvars, e.params
+        here = i << 8
+        if len(ins) == 2 and type(ins[0]) is Var and type(ins[1]) is Var:
+            w0, w1 = where[ins[0].id], where[ins[1].id]
+            refs: Any = (here - w0 if w0 >= 0 else w0, here - w1 if w1 >= 0 else w1)
+        elif len(ins) == 1 and type(ins[0]) is Var:
+            w0 = where[ins[0].id]
+            refs = here - w0 if w0 >= 0 else w0
+        else:
+            refs = tuple([(here - where[a.id] if where[a.id] >= 0 else where[a.id])
+                          if type(a) is Var else a.key() for a in ins])
+        if not params:
+            ps: Any = ()
+        elif op == "slice":
+            index = params["index"]
+            starts.append((i, tuple([s for s, _, _ in index])))
+            ps = ("slice", tuple([(stop - s, step) for s, stop, step in index]))
+        else:
+            ps = _params_key(op, params)
+        if len(outs) == 1:
+            out = outs[0]
+            key = (op, ps, out.aval, refs)
+        elif len(outs) > 255:
+            return None
+        else:
+            key = (op, ps, tuple([v.aval for v in outs]), refs)
+        try:
+            c = get(key)
+        except TypeError:       # params that cannot be hashed as they are
+            key = (key[0], _params_key(op, params, True)) + key[2:]
+            try:
+                c = get(key)
+            except TypeError:
+                return None
+        if c is None:
+            if len(table) > 1 << 16:
+                table.clear()
+            c = table[key] = next(_NEXT)
+        append(c)
+        if len(outs) == 1:
+            where[outs[0].id] = here
+        else:
+            for pos, v in enumerate(outs):
+                where[v.id] = here | pos
+    end = len(graph.eqns) << 8
+    outs = [a.key() if type(a) is Lit else
+            (end - where[a.id] if where[a.id] >= 0 else where[a.id]) for a in graph.outvars]
+    return codes, starts, outs
+
+
+def loop_form(graph: Graph, min_eqns: int = 8) -> tuple[Any, int] | None:
+    """(form, n): the graph's first run of >= MIN_TRIPS equal blocks (>= `min_eqns`
+    equations), n blocks long, and a hashable form equal for graphs equal but for n. None when
+    the graph has no such run or cannot be named."""
+    made = _codes(graph)
+    if made is None:
+        return None
+    codes, starts, outs = made
+    n = len(codes)
+    nxt = [n] * n
+    seen: dict[int, int] = {}
+    for i in range(n - 1, -1, -1):
+        c = codes[i]
+        nxt[i] = seen.get(c, n)
+        seen[c] = i
+    i = 0
+    while i < n:
+        p = nxt[i] - i
+        if i + MIN_TRIPS * p <= n and p * MIN_TRIPS >= min_eqns:
+            body = codes[i:i + p]
+            reps = 1
+            while i + (reps + 1) * p <= n and codes[i + reps * p:i + (reps + 1) * p] == body:
+                reps += 1
+            if reps >= MIN_TRIPS and p * reps >= min_eqns:
+                pattern = _starts_pattern(starts, i, p, reps)
+                if pattern is None:
+                    return None
+                form = (tuple(codes[:i]), tuple(body), tuple(codes[i + reps * p:]),
+                        tuple(outs), pattern, tuple(graph.in_avals),
+                        tuple([id(c) for c in graph.consts]))
+                return form, reps
+        i += 1
+    return None
+
+
+def _starts_pattern(starts: list[tuple], i: int, p: int, reps: int) -> tuple | None:
+    """The slices' start indices as part of a form: outside the run as they are; inside,
+    per position in the body, its starts in the first block and the step between blocks,
+    which must be the same for every block. None when they are not."""
+    end = i + reps * p
+    out: list = []
+    per_pos: dict[int, list] = {}
+    for at, s in starts:
+        if i <= at < end:
+            per_pos.setdefault((at - i) % p, []).append(s)
+        else:
+            out.append((at, s))
+    for q in sorted(per_pos):
+        seq = per_pos[q]
+        first = seq[0]
+        step = tuple([b - a for a, b in zip(first, seq[1])])
+        for k, s in enumerate(seq):
+            if any(x != f + k * d for x, f, d in zip(s, first, step)):
+                return None
+        out.append((q, first, step))
+    return tuple(out)
+
+
+# ---- templates --------------------------------------------------------------------------
+
+class _Mismatch(Exception):
+    pass
+
+
+class Template:
+    """A graph with some integers written as a * n + b (see the module docstring)."""
+    __slots__ = ("graph", "ints", "n0", "changed")
+
+    def __init__(self, graph: Graph, ints: dict, n0: int):
+        self.graph = graph          # the graph for count n0
+        self.ints = ints            # (equation index, where) -> (a, b); where: see _walk
+        self.n0 = n0
+        # the equations whose params or types change with n, or that read a value whose
+        # type does: their interpreter steps are made again for each n
+        eqns = graph.eqns
+        changed = {at for at, _ in ints}
+        retyped = {v.id for (at, where) in ints if where[0] == "out"
+                   for v in eqns[at].outvars}
+        changed.update(at for at, e in enumerate(eqns)
+                       if any(type(a) is Var and a.id in retyped for a in e.inputs))
+        self.changed = sorted(changed)
+
+    @classmethod
+    def derive(cls, g1: Graph, n1: int, g2: Graph, n2: int) -> Template | None:
+        """The template of which g1 is the graph for n1 and g2 the graph for n2, or None when
+        they differ other than in integers a * n + b (integer a and b)."""
+        if n1 == n2:
+            return None
+        diffs: dict = {}
+        try:
+            _compare(g1, g2, diffs)
+        except _Mismatch:
+            return None
+        ints = {}
+        for where, (v1, v2) in diffs.items():
+            a, r = divmod(v2 - v1, n2 - n1)
+            if r:
+                return None
+            ints[where] = (a, v1 - a * n1)
+        return cls(g1, ints, n1)
+
+    def matches(self, graph: Graph, n: int) -> bool:
+        """Whether `graph` is exactly this template's graph for `n`."""
+        diffs: dict = {}
+        try:
+            _compare(self.graph, graph, diffs)
+        except _Mismatch:
+            return False
+        if set(diffs) - set(self.ints):
+            return False
+        for where, (a, b) in self.ints.items():
+            want = a * n + b
+            got = diffs.get(where, (None, a * self.n0 + b))[1]
+            if got != want:
+                return False
+        return True
+
+    def instantiate(self, n: int) -> Graph:
+        """The graph for count `n` (fresh variables; everything else shared)."""
+        g = self.graph
+        by_eqn: dict[int, list] = {}
+        for (at, where), (a, b) in self.ints.items():
+            by_eqn.setdefault(at, []).append((where, a * n + b))
+        new: dict[int, Var] = {}
+        invars = []
+        for v in g.invars:
+            w = new[v.id] = Var(v.aval)
+            invars.append(w)
+        constvars = []
+        for v in g.constvars:
+            w = new[v.id] = Var(v.aval)
+            constvars.append(w)
+        eqns = []
+        for at, e in enumerate(g.eqns):
+            ins = [new[a.id] if type(a) is Var else a for a in e.inputs]
+            changes = by_eqn.get(at)
+            if changes is None:
+                outs = []
+                for v in e.outvars:
+                    w = new[v.id] = Var(v.aval)
+                    outs.append(w)
+                eqns.append(Eqn(e.op, ins, outs, e.params, e.source))
+                continue
+            shapes = [list(v.aval.shape) for v in e.outvars]
+            params = e.params
+            for where, value in changes:
+                if where[0] == "out":
+                    shapes[where[1]][where[2]] = value
+                else:
+                    params = _set(params, where[1:], value)
+            outs = []
+            for v, s in zip(e.outvars, shapes):
+                w = new[v.id] = Var(Aval(tuple(s), v.aval.dtype))
+                outs.append(w)
+            eqns.append(Eqn(e.op, ins, outs, params, e.source))
+        outvars = [new[a.id] if type(a) is Var else a for a in g.outvars]
+        graph = Graph(invars, eqns, outvars, constvars, list(g.consts))
+        # its Program: the template's, with the steps that change made again
+        graph.__dict__["_program"] = program(g).respecialized(graph, self.changed)
+        return graph
+
+
+def _compare(g1: Graph, g2: Graph, diffs: dict) -> None:
+    """Raise _Mismatch unless g2 is g1 with other integers; those go in `diffs` as
+    (equation index, where) -> (value in g1, value in g2)."""
+    if len(g1.eqns) != len(g2.eqns) or len(g1.invars) != len(g2.invars) or \
+            len(g1.outvars) != len(g2.outvars) or len(g1.consts) != len(g2.consts):
+        raise _Mismatch
+    same: dict[int, int] = {}
+    for v, w in zip(g1.invars, g2.invars):
+        if v.aval != w.aval:
+            raise _Mismatch
+        same[w.id] = v.id
+    for v, w, c1, c2 in zip(g1.constvars, g2.constvars, g1.consts, g2.consts):
+        if v.aval != w.aval or not (c1 is c2 or _same_array(c1, c2)):
+            raise _Mismatch
+        same[w.id] = v.id
+    for at, (e1, e2) in enumerate(zip(g1.eqns, g2.eqns)):
+        if e1.op != e2.op or len(e1.inputs) != len(e2.inputs) or \
+                len(e1.outvars) != len(e2.outvars):
+            raise _Mismatch
+        for a, b in zip(e1.inputs, e2.inputs):
+            if type(a) is not type(b):
+                raise _Mismatch
+            if type(a) is Var:
+                if same.get(b.id) != a.id:
+                    raise _Mismatch
+            elif a.key() != b.key():
+                raise _Mismatch
+        for k, (v, w) in enumerate(zip(e1.outvars, e2.outvars)):
+            s1, s2 = v.aval.shape, w.aval.shape
+            if v.aval.dtype != w.aval.dtype or len(s1) != len(s2):
+                raise _Mismatch
+            if s1 != s2:
+                for d, (x, y) in enumerate(zip(s1, s2)):
+                    if x != y:
+                        diffs[(at, ("out", k, d))] = (x, y)
+            same[w.id] = v.id
+        if e1.params is not e2.params:
+            _walk(e1.params, e2.params, (at, ("param",)), diffs)
+    for a, b in zip(g1.outvars, g2.outvars):
+        if type(a) is not type(b) or (same.get(b.id) != a.id if type(a) is Var
+                                      else a.key() != b.key()):
+            raise _Mismatch
+
+
+def _walk(x: Any, y: Any, where: tuple, diffs: dict) -> None:
+    tx = type(x)
+    if tx is not type(y):
+        raise _Mismatch
+    if tx is int:
+        if x != y:
+            at, path = where
+            diffs[(at, path)] = (x, y)
+        return
+    if tx is dict:
+        if x.keys() != y.keys():
+            raise _Mismatch
+        at, path = where
+        for k in x:
+            _walk(x[k], y[k], (at, path + (k,)), diffs)
+        return
+    if tx is tuple or tx is list:
+        if len(x) != len(y):
+            raise _Mismatch
+        at, path = where
+        for k, (a, b) in enumerate(zip(x, y)):
+            _walk(a, b, (at, path + (k,)), diffs)
+        return
+    if tx is float or isinstance(x, np.floating):
+        if not (x == y and math.copysign(1.0, x) == math.copysign(1.0, y)) and \
+                not (x != x and y != y):
+            raise _Mismatch
+        return
+    if isinstance(x, Graph):
+        if x is not y:
+            raise _Mismatch
+        return
+    if isinstance(x, np.ndarray):
+        if not _same_array(x, y):
+            raise _Mismatch
+        return
+    try:
+        equal = bool(x == y)
+    except Exception:      # noqa: BLE001 - anything that cannot say: not equal
+        raise _Mismatch from None
+    if not equal:
+        raise _Mismatch
+
+
+def _same_array(a: Any, b: Any) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def _set(params: Any, path: tuple, value: int) -> Any:
+    """`params` (dicts, tuples and lists) with the integer at `path` replaced."""
+    k = path[0]
+    if type(params) is dict:
+        out = dict(params)
+        out[k] = value if len(path) == 1 else _set(params[k], path[1:], value)
+        return out
+    items = list(params)
+    items[k] = value if len(path) == 1 else _set(params[k], path[1:], value)
+    return items if type(params) is list else tuple(items)
