@@ -267,9 +267,14 @@ class Template:
             eqns.append(Eqn(e.op, ins, outs, params, e.source))
         outvars = [new[a.id] if type(a) is Var else a for a in g.outvars]
         graph = Graph(invars, eqns, outvars, constvars, list(g.consts))
-        # its Program: the template's, with the steps that change made again
-        graph.__dict__["_program"] = program(g).respecialized(graph, self.changed)
+        self.give_program(graph)
         return graph
+
+    def give_program(self, graph: Graph) -> None:
+        """Give `graph`, this template's graph for some n, its interpreter Program: the
+        template's, with the steps that change made again (cheaper than building one)."""
+        if "_program" not in graph.__dict__:
+            graph.__dict__["_program"] = program(self.graph).respecialized(graph, self.changed)
 
 
 def _compare(g1: Graph, g2: Graph, diffs: dict) -> None:

@@ -80,12 +80,16 @@ class _Family:
                 self.seen = (self.seen[1], n)       # the counts it was made from
                 self.least = min(self.least, n)
                 self.dead = self.template is None
+                if self.template is not None:
+                    self.template.give_program(graph)
         elif not self.checked and n not in self.seen:     # a third count
             self.checked = self.template.matches(graph, n)
             self.least = min(self.least, n)
             self.dead = not self.checked
             if self.dead:
                 self.template = None
+            else:
+                self.template.give_program(graph)
 
 
 def _leaf_key(x: Any) -> Any:
