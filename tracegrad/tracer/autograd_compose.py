@@ -346,12 +346,10 @@ class Plan:
         return g
 
 
-def compose(order: list, in_vars: list, in_gsrc: list, roots: list,
-            composer: type | None = None) -> tuple[Plan, list]:
+def compose(order: list, in_vars: list, in_gsrc: list, roots: list) -> tuple[Plan, list]:
     """(plan, wrt): the plan (inputs..., root cotangents...) -> (roots..., gradients of the
-    inputs `wrt`), from the nodes `order` (a grad_walk's). `composer`: a _Composer subclass
-    (autograd_loops records with one where each slot was made)."""
-    c = (composer or _Composer)(in_vars, roots)
+    inputs `wrt`), from the nodes `order` (a grad_walk's)."""
+    c = _Composer(in_vars, roots)
     locs = [c.forward(n) for n in order]
     for t, k in zip(roots, c.ct_slots, strict=True):
         c.terms.setdefault(c.vslot[t._var.id], []).append(k)

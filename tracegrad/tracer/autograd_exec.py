@@ -15,7 +15,6 @@ from .. import ir
 from ..ir.core import Var
 from .autograd_compose import NoTemplate, Plan, compose, compose_graph
 from .autograd_graph import AccumulateGrad, Inplace, Node, check_saved
-from .autograd_loops import WRT as _WRT, loop_plan
 from ..config import config
 from . import executor
 from .executor import compile_graph
@@ -351,7 +350,6 @@ def fast_backward(roots: list, grads: list, retain: bool) -> bool:
             return False
     try:
         w = grad_walk(fns)
-        fast = w is not None
         if w is None:
             w = walk(fns, grad=True)
             if w.pending:   # compute pending leaf values (optimizer updates) first
@@ -378,7 +376,7 @@ def fast_backward(roots: list, grads: list, retain: bool) -> bool:
     else:
         entry = None
     if entry is None:
-        entry = _backward_graph(w, roots, key if fast else None)
+        entry = _backward_graph(w, roots)
         if key is not None:
             _grad_graphs.put(key, entry)
     vals = entry(w.in_vals + grads)
@@ -414,6 +412,8 @@ def fast_backward(roots: list, grads: list, retain: bool) -> bool:
     return True
 
 
+# In a walk's key, an input's first reference is its slot, with this bit if it needs a gradient.
+_WRT = 1 << 48
 Tensor: Any = None     # tensor.Tensor and tensor.assign_ (tensor imports this module)
 assign_: Any = None
 
@@ -513,11 +513,9 @@ def _first_var_id(n: Node) -> int:
     return n.out_vars[0].id
 
 
-def _backward_graph(w: Walk, roots: list, key: tuple | None = None) -> CachedGraph:
-    """The backward of a walk (`key`: its grad_walk key, where a loop may be found)."""
+def _backward_graph(w: Walk, roots: list) -> CachedGraph:
     try:
-        made = None if key is None else loop_plan(w.order, w.in_vars, w.in_gsrc, roots, key)
-        plan, wrt = made or compose(w.order, w.in_vars, w.in_gsrc, roots)
+        plan, wrt = compose(w.order, w.in_vars, w.in_gsrc, roots)
         return CachedGraph(None, wrt, optimized=False, plan=plan)
     except NoTemplate:
         pass
