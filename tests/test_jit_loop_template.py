@@ -160,3 +160,39 @@ def test_template_refuses_what_is_not_linear_in_the_count():
     made = t.instantiate(5)
     assert made.eqns[0].params["index"][0] == (0, 10, 1)
     assert made.outvars[0].aval.shape == (10, 3)
+
+
+def test_static_float_is_not_taken_from_the_template(data):
+    """A static float is an input of f's trace but a constant of jit's graph (review)."""
+    W, U, xs = data
+
+    def f(W, U, xs, T, scale):
+        return rnn(W, U, xs, T) * scale
+    step = tg.jit(tg.value_and_grad(f, argnums=(0, 1)), static_argnums=(3, 4))
+    for T, s in [(4, 1.0), (6, 1.0), (5, 1.0), (9, 2.0), (7, -3.0), (8, -0.0), (4, (0.5))]:
+        want = tg.jit(tg.value_and_grad(f, argnums=(0, 1)), static_argnums=(3, 4))(
+            W, U, xs, T, s)
+        assert _same(step(W, U, xs, T, s), want), (T, s)
+
+
+def test_output_tree_of_each_length_is_its_own(data):
+    """aux's structure may depend on T: each length returns its own (review)."""
+    W, U, xs = data
+
+    def f(W, U, xs, T):
+        h = tg.zeros((1, H))
+        for t in range(T):
+            h = tg.tanh(h @ W + xs[t] @ U)
+        aux = [h] if T > 6 else (h,)
+        return tg.sum(h * h), {f"h_{T}": h, "a": aux}
+    step = tg.jit(tg.value_and_grad(f, argnums=(0, 1), has_aux=True), static_argnums=(3,))
+    for T in [4, 6, 5, 9, 7, 8]:
+        (_, aux), _ = step(W, U, xs, T)
+        assert sorted(aux) == ["a", f"h_{T}"] and type(aux["a"]) is (list if T > 6 else tuple)
+
+
+def test_a_short_first_length_does_not_stop_templates(data):
+    """n = 3 is rolled differently; the family starts again from the next lengths."""
+    step = _check(lambda: tg.value_and_grad(rnn, argnums=(0, 1)), data,
+                  [3, 7, 5, 9, 6, 8, 10, 11])
+    assert _templated(step)

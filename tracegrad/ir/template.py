@@ -29,7 +29,7 @@ from .passes import _frozen_params
 
 _CODES: dict[Any, int] = {}     # an equation's relative form -> an int
 _NEXT = itertools.count()        # never handed out twice: forms made before a clear stay apart
-MIN_TRIPS = 3
+MIN_TRIPS = 3       # (roll_loops' default: a shorter run is not a loop for either)
 
 
 def _params_key(op: str, params: dict, frozen: bool = False) -> Any:
@@ -137,6 +137,8 @@ def loop_form(graph: Graph, min_eqns: int = 8) -> tuple[Any, int] | None:
                 pattern = _starts_pattern(starts, i, p, reps)
                 if pattern is None:
                     return None
+                # (the consts by identity: whoever keeps a form keeps them alive with it,
+                # as jit's families do in their graphs, so an id is never another array's)
                 form = (tuple(codes[:i]), tuple(body), tuple(codes[i + reps * p:]),
                         tuple(outs), pattern, tuple(graph.in_avals),
                         tuple([id(c) for c in graph.consts]))

@@ -55,34 +55,42 @@ class _Entry:
 class _Family:
     """The graphs one jitted function made for traces of one loop at several lengths: two
     give a template, a third checks it (see ir.template); after that, one is written from
-    the template for each new length. A family whose graphs do not fit a template is given
-    up (its functions are rolled and differentiated each time, as without one)."""
-    __slots__ = ("out_tree", "seen", "template", "checked", "dead", "least")
+    the template for each new length. Graphs that do not fit a template are tried again with
+    the next lengths a few times; a template a third length contradicts is given up (the
+    function is then rolled and differentiated each time, as without one)."""
+    __slots__ = ("out_tree", "first", "counts", "template", "checked", "dead", "least",
+                 "tries")
+    TRIES = 3
 
     def __init__(self, out_tree: TreeDef):
         self.out_tree = out_tree
-        self.seen: tuple | None = None      # (graph, n) of the first count, then both counts
+        self.first: tuple | None = None     # (graph, n) of a first count
+        self.counts: tuple = ()             # the two counts the template was made from
         self.template: Template | None = None
         self.checked = False
         self.dead = False
         self.least = 0      # the fewest trips of the graphs it was made from: rolling a
         # short loop can differ (roll_loops leaves a loop too short for it unrolled)
+        self.tries = 0
 
     def add(self, graph: ir.Graph, n: int) -> None:
         if self.dead:
             return
         if self.template is None:
-            if self.seen is None:
-                self.seen = (graph, n)
-                self.least = n
-            elif self.seen[1] != n:
-                self.template = Template.derive(*self.seen, graph, n)
-                self.seen = (self.seen[1], n)       # the counts it was made from
-                self.least = min(self.least, n)
-                self.dead = self.template is None
-                if self.template is not None:
-                    self.template.give_program(graph)
-        elif not self.checked and n not in self.seen:     # a third count
+            if self.first is None:
+                self.first = (graph, n)
+            elif self.first[1] != n:
+                self.template = Template.derive(*self.first, graph, n)
+                if self.template is None:       # start again from this one
+                    self.tries += 1
+                    self.first = (graph, n)
+                    self.dead = self.tries >= self.TRIES
+                    return
+                self.counts = (self.first[1], n)
+                self.least = min(self.counts)
+                self.first = None
+                self.template.give_program(graph)
+        elif not self.checked and n not in self.counts:     # a third count
             self.checked = self.template.matches(graph, n)
             self.least = min(self.least, n)
             self.dead = not self.checked
@@ -271,19 +279,30 @@ class Jitted:
         linear in the trip count, the graph for this one is written from their template
         instead of being rolled and differentiated again (see ir.template)."""
         started = start(args)
-        found = loop_form(started[0].graph)
+        tf_f, _, meta = started
+        found = loop_form(tf_f.graph)
         family = None
         if found is not None:
-            form, n = found
-            family = self._families.get((key[0], key[1], form))
+            # what the pipeline reads besides f's trace: f's output tree, and the static
+            # values f's trace does not see as Python values (a float is an input of f's
+            # trace but a constant of jit's): with those, no family (the form is not enough)
+            try:
+                fkey = (key[0], key[1], found[0], tf_f.out_tree, repr(tf_f.out_tree))
+                hash(fkey)
+            except TypeError:
+                fkey = None
+            if fkey is None or any(i not in meta[1] for i in self.static):
+                found = None
+        if found is not None:
+            n = found[1]
+            family = self._families.get(fkey)
             if family is not None and family.checked and n >= family.least:
                 return _Entry(family.out_tree, compile_graph(
                     family.template.instantiate(n), tiered=True, optimized=False))
         tf, _ = trace(lambda *a: finish(a, started), args, self.static, optimized_later=True)
         if found is not None:
             if family is None:
-                family = remember(self._families, (key[0], key[1], form),
-                                  _Family(tf.out_tree), 256)
+                family = remember(self._families, fkey, _Family(tf.out_tree), 256)
             family.add(tf.graph, n)
         return _Entry(tf.out_tree, compile_graph(tf.graph, tiered=True, optimized=False))
 

@@ -142,6 +142,7 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
         tf, _, meta = started
         leaves = flatten_args([a for i, a in enumerate(args) if i not in meta[1]])[0]
         return finish(args, tf, leaves, meta)
+
     vg.traced = (start, finish_traced)    # for jit: trace f first, then decide (jit._compile)
     return vg
 
