@@ -196,3 +196,20 @@ def test_a_short_first_length_does_not_stop_templates(data):
     step = _check(lambda: tg.value_and_grad(rnn, argnums=(0, 1)), data,
                   [3, 7, 5, 9, 6, 8, 10, 11])
     assert _templated(step)
+
+
+def test_loop_found_turned_keeps_one_form_for_every_length(data):
+    """A loop whose run is found starting mid-step leaves the last step's slice after the
+    run: its start is written relative to the run, so every length has one form."""
+    W, U, xs = data
+
+    def f(W, U, xs, T):
+        h = tg.zeros((1, H))
+        g = tg.ones((1, H))
+        for t in range(T):
+            h = tg.tanh(tg.sin(h @ W) + xs[t] @ U)
+            g = tg.tanh(g @ U)
+        return tg.sum(h * g)
+    forms = {loop_form(trace(f, (W, U, xs, T), (3,))[0].graph)[0] for T in (5, 6, 9)}
+    assert len(forms) == 1
+    _check(lambda: tg.value_and_grad(f, argnums=(0, 1)), data, [5, 6, 9, 7, 8, 12])

@@ -148,25 +148,39 @@ def loop_form(graph: Graph, min_eqns: int = 8) -> tuple[Any, int] | None:
 
 
 def _starts_pattern(starts: list[tuple], i: int, p: int, reps: int) -> tuple | None:
-    """The slices' start indices as part of a form: outside the run as they are; inside,
-    per position in the body, its starts in the first block and the step between blocks,
-    which must be the same for every block. None when they are not."""
+    """The slices' start indices as part of a form: per position in the body, its starts in
+    the first block and the step between blocks, which must be the same for every block;
+    before the run as they are; after it, by position from its end, and at a position
+    where the body slices, relative to where the next block would start (a loop found
+    turned by some equations leaves the last step's first ones after the run). None when
+    the blocks' starts are not evenly spaced."""
     end = i + reps * p
     out: list = []
+    after: list = []
     per_pos: dict[int, list] = {}
     for at, s in starts:
-        if i <= at < end:
+        if at < i:
+            out.append((at, s))
+        elif at < end:
             per_pos.setdefault((at - i) % p, []).append(s)
         else:
-            out.append((at, s))
+            after.append((at - end, s))
+    steps = {}
     for q in sorted(per_pos):
         seq = per_pos[q]
         first = seq[0]
-        step = tuple([b - a for a, b in zip(first, seq[1])])
+        step = steps[q] = tuple([b - a for a, b in zip(first, seq[1])])
         for k, s in enumerate(seq):
             if any(x != f + k * d for x, f, d in zip(s, first, step)):
                 return None
         out.append((q, first, step))
+    for j, s in after:
+        seq = per_pos.get(j) if j < p else None
+        if seq is not None and len(seq[0]) == len(s):
+            nxt = [f + reps * d for f, d in zip(seq[0], steps[j])]
+            out.append(("next", j, tuple([x - y for x, y in zip(s, nxt)])))
+        else:
+            out.append(("after", j, s))
     return tuple(out)
 
 
