@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .core import Aval, Eqn, Graph, Lit, Var
+from .core import Eqn, Graph, Lit, Var
+from .fission import aval
 from .interpret import program
 from .passes import _frozen_params
 
@@ -278,7 +279,7 @@ class Template:
                     params = _set(params, where[1:], value)
             outs = []
             for v, s in zip(e.outvars, shapes):
-                w = new[v.id] = Var(Aval(tuple(s), v.aval.dtype))
+                w = new[v.id] = Var(aval(tuple(s), v.aval.dtype))
                 outs.append(w)
             eqns.append(Eqn(e.op, ins, outs, params, e.source))
         outvars = [new[a.id] if type(a) is Var else a for a in g.outvars]
