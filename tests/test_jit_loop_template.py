@@ -213,3 +213,74 @@ def test_loop_found_turned_keeps_one_form_for_every_length(data):
     forms = {loop_form(trace(f, (W, U, xs, T), (3,))[0].graph)[0] for T in (5, 6, 9)}
     assert len(forms) == 1
     _check(lambda: tg.value_and_grad(f, argnums=(0, 1)), data, [5, 6, 9, 7, 8, 12])
+
+
+def test_wrappers_of_a_gradient_are_jitted_as_themselves():
+    """functools.wraps copies attributes: jit must not take a wrapper for the gradient it
+    wraps (review), nor trip on a callable's own attribute of that name."""
+    import functools
+
+    def f(x, n):
+        y = x
+        for _ in range(n):
+            y = tg.sin(y) * x
+        return tg.sum(y * y)
+    x = np.array([0.3, -0.7, 1.1], np.float32)
+    hess = tg.jacfwd(tg.grad(f))
+    assert tg.jit(hess, static_argnums=(1,))(x, 2).shape == (3, 3)
+    vg = tg.value_and_grad(f)
+
+    @functools.wraps(vg)
+    def scaled(x, n):
+        v, g = vg(x, n)
+        return v * 10.0, g * 10.0
+    assert _same(tg.jit(scaled, static_argnums=(1,))(x, 2), scaled(x, 2))
+
+    class Scaled:
+        def __init__(self):
+            self._tg_traced = []
+
+        def __call__(self, x, n):
+            return x * n
+    np.testing.assert_array_equal(tg.jit(Scaled(), static_argnums=(1,))(x, 2), x * 2)
+
+
+def test_fixed_loop_rolled_with_the_first_steps_is_not_extrapolated(data):
+    """roll_loops may roll a fixed 12-step loop together with the first steps of the T
+    loop: the graphs then differ in a loop that shrinks as T grows, which no template may
+    carry past T = 12 (review: wrong aux, or a scan of negative length)."""
+    W, U, xs = data
+    V = (np.random.default_rng(1).standard_normal((H, H)) / 3).astype(np.float32)
+
+    def f(W, xs, T):
+        h = tg.zeros((1, H))
+        for t in range(T):
+            h = tg.tanh(h @ W + xs[t])
+        g = tg.ones((1, H))
+        for _ in range(12):
+            g = tg.sin(g @ V) + 0.5
+        return tg.sum(h * h) + 0.1 * tg.sum(g), tg.sum(g)
+    _check(lambda: tg.value_and_grad(f, has_aux=True), (W, xs), [4, 6, 5, 9, 12, 13, 20, 11],
+           static=(2,))
+
+
+def test_threads_calling_one_function_at_many_lengths(data):
+    import threading
+    W, U, xs = data
+    step = tg.jit(tg.value_and_grad(rnn, argnums=(0, 1)), static_argnums=(3,))
+    out, errors = {}, []
+
+    def call(T):
+        try:
+            out[T] = step(W, U, xs, T)
+        except Exception as e:     # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=call, args=(T,)) for T in range(4, 16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for T, got in out.items():
+        want = tg.jit(tg.value_and_grad(rnn, argnums=(0, 1)), static_argnums=(3,))(W, U, xs, T)
+        assert _same(got, want), T

@@ -222,7 +222,8 @@ class Program:
             return k
 
         steps: list[tuple] = []
-        made: dict[int, Any] = {}    # id(equation) -> its step, or (its slot,) for a constant
+        # id(equation) -> its step's index, or (its slot,) for a constant (for respecialized)
+        made: dict[int, Any] = {}
         for e in _live(graph):
             op, outvars = e.op, e.outvars
             if op in _CREATE:
@@ -253,7 +254,9 @@ class Program:
     def respecialized(self, graph: Graph, changed: Sequence[int]) -> Program:
         """The Program of `graph`, a graph equal to this one's but for the params and types of
         the equations at positions `changed` (see ir.template): those steps are made again,
-        the rest shared."""
+        the rest shared. (The new Program has no `made`: it cannot be respecialised again.)"""
+        if len(graph.eqns) != len(self.graph.eqns) or self.made is None:
+            raise ValueError("respecialized: the graph is not this Program's with other types")
         new = object.__new__(Program)
         new.graph = graph
         new.init = init = list(self.init)

@@ -108,7 +108,11 @@ def _read_from(order: Sequence[Eqn], end: int, outvars: Sequence[Atom]) -> set[i
     return read
 
 
-def roll_loops(graph: Graph, min_trips: int = 3, min_eqns: int = 8) -> Graph:
+MIN_TRIPS = 3       # a run of fewer blocks, or of fewer equations in all, is not rolled
+MIN_EQNS = 8
+
+
+def roll_loops(graph: Graph, min_trips: int = MIN_TRIPS, min_eqns: int = MIN_EQNS) -> Graph:
     """`graph` with every run of >= `min_trips` repeated blocks (>= `min_eqns` equations in
     all) that passes values from one block to the next rolled into a `scan`; the graph itself
     when there is none. The equations are first put in a topological order by depth, which

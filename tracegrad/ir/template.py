@@ -25,12 +25,12 @@ import numpy as np
 
 from .core import Eqn, Graph, Lit, Var
 from .fission import aval
+from .loops import MIN_EQNS, MIN_TRIPS, _full_params
 from .interpret import program
 from .passes import _frozen_params
 
 _CODES: dict[Any, int] = {}     # an equation's relative form -> an int
 _NEXT = itertools.count()        # never handed out twice: forms made before a clear stay apart
-MIN_TRIPS = 3       # (roll_loops' default: a shorter run is not a loop for either)
 
 
 def _params_key(op: str, params: dict, frozen: bool = False) -> Any:
@@ -38,11 +38,7 @@ def _params_key(op: str, params: dict, frozen: bool = False) -> Any:
         return ()
     if frozen:
         return _frozen_params(params)
-    if op == "full":
-        v = params.get("value")
-        if isinstance(v, (float, np.floating)):     # -0.0 == 0.0, but they differ
-            return tuple(params.items()) + (math.copysign(1.0, v),)
-    return tuple(params.items())
+    return _full_params(params) if op == "full" else tuple(params.items())
 
 
 def _codes(graph: Graph) -> tuple[list[int], list[tuple], list] | None:
@@ -111,7 +107,7 @@ def _codes(graph: Graph) -> tuple[list[int], list[tuple], list] | None:
     return codes, starts, outs
 
 
-def loop_form(graph: Graph, min_eqns: int = 8) -> tuple[Any, int] | None:
+def loop_form(graph: Graph, min_eqns: int = MIN_EQNS) -> tuple[Any, int] | None:
     """(form, n): the graph's first run of >= MIN_TRIPS equal blocks (>= `min_eqns`
     equations), n blocks long, and a hashable form equal for graphs equal but for n. None when
     the graph has no such run or cannot be named."""
@@ -224,6 +220,11 @@ class Template:
         for where, (v1, v2) in diffs.items():
             a, r = divmod(v2 - v1, n2 - n1)
             if r:
+                return None
+            if a < 0 and (where[1][0] == "out" or where[1][-1] == "length"):
+                # a loop or shape shrinking as this one grows: two loops sharing steps (a
+                # fixed-length one rolled together with this one's first steps), which a
+                # longer count turns into another graph
                 return None
             ints[where] = (a, v1 - a * n1)
         return cls(g1, ints, n1)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -55,11 +56,12 @@ class _Entry:
 class _Family:
     """The graphs one jitted function made for traces of one loop at several lengths: two
     give a template, a third checks it (see ir.template); after that, one is written from
-    the template for each new length. Graphs that do not fit a template are tried again with
-    the next lengths a few times; a template a third length contradicts is given up (the
+    the template for each new length at least as long as the shortest of those (a loop too
+    short is rolled differently). Graphs that give no template are tried again with the next
+    lengths a few times; a template a third length contradicts is given up for good (the
     function is then rolled and differentiated each time, as without one)."""
     __slots__ = ("out_tree", "first", "counts", "template", "checked", "dead", "least",
-                 "tries")
+                 "tries", "lock")
     TRIES = 3
 
     def __init__(self, out_tree: TreeDef):
@@ -67,37 +69,39 @@ class _Family:
         self.first: tuple | None = None     # (graph, n) of a first count
         self.counts: tuple = ()             # the two counts the template was made from
         self.template: Template | None = None
-        self.checked = False
+        self.checked = False                # (once True, nothing here changes again)
         self.dead = False
-        self.least = 0      # the fewest trips of the graphs it was made from: rolling a
-        # short loop can differ (roll_loops leaves a loop too short for it unrolled)
+        self.least = 0                      # the fewest trips of the graphs it was made from
         self.tries = 0
+        self.lock = threading.Lock()
 
     def add(self, graph: ir.Graph, n: int) -> None:
-        if self.dead:
-            return
-        if self.template is None:
-            if self.first is None:
-                self.first = (graph, n)
-            elif self.first[1] != n:
-                self.template = Template.derive(*self.first, graph, n)
-                if self.template is None:       # start again from this one
-                    self.tries += 1
+        with self.lock:
+            if self.dead or self.checked:
+                return
+            if self.template is None:
+                if self.first is None:
                     self.first = (graph, n)
-                    self.dead = self.tries >= self.TRIES
-                    return
-                self.counts = (self.first[1], n)
-                self.least = min(self.counts)
-                self.first = None
-                self.template.give_program(graph)
-        elif not self.checked and n not in self.counts:     # a third count
-            self.checked = self.template.matches(graph, n)
-            self.least = min(self.least, n)
-            self.dead = not self.checked
-            if self.dead:
-                self.template = None
-            else:
-                self.template.give_program(graph)
+                elif self.first[1] != n:
+                    template = Template.derive(*self.first, graph, n)
+                    if template is None:        # start again from this one
+                        self.tries += 1
+                        self.first = (graph, n)
+                        self.dead = self.tries >= self.TRIES
+                        return
+                    self.counts = (self.first[1], n)
+                    self.least = min(self.counts)
+                    self.first = None
+                    template.give_program(graph)
+                    self.template = template
+            elif n not in self.counts:      # a third count
+                if self.template.matches(graph, n):
+                    self.least = min(self.least, n)
+                    self.template.give_program(graph)
+                    self.checked = True
+                else:
+                    self.dead = True
+                    self.template = None
 
 
 def _leaf_key(x: Any) -> Any:
@@ -249,10 +253,11 @@ class Jitted:
 
     def _compile(self, args: tuple, key: Any) -> _Entry:
         t0 = time.perf_counter()
-        traced = getattr(self.f, "traced", None)
-        if traced is not None and self.static and config.roll_loops and all(
-                type(a) is np.ndarray for i, a in enumerate(args) if i not in self.static):
-            entry = self._compile_loop(args, key, *traced)
+        traced = getattr(self.f, "_tg_traced", None)
+        if type(traced) is tuple and traced[0] is self.f and self.static and \
+                config.roll_loops and all(type(a) is np.ndarray for i, a in enumerate(args)
+                                          if i not in self.static):
+            entry = self._compile_loop(args, key, *traced[1:])
         else:
             tf, _ = trace(self.f, args, self.static, optimized_later=True)
             # Like JAX, the first signature compiles on the first call. A function that
@@ -291,7 +296,7 @@ class Jitted:
                 hash(fkey)
             except TypeError:
                 fkey = None
-            if fkey is None or any(i not in meta[1] for i in self.static):
+            if fkey is None or any(i not in meta.static for i in self.static):
                 found = None
         if found is not None:
             n = found[1]
@@ -302,7 +307,7 @@ class Jitted:
         tf, _ = trace(lambda *a: finish(a, started), args, self.static, optimized_later=True)
         if found is not None:
             if family is None:
-                family = remember(self._families, fkey, _Family(tf.out_tree), 256)
+                family = remember(self._families, fkey, _Family(tf.out_tree), 64)
             family.add(tf.graph, n)
         return _Entry(tf.out_tree, compile_graph(tf.graph, tiered=True, optimized=False))
 

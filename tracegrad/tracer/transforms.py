@@ -4,7 +4,7 @@ trace, inlines it) so transforms compose in any order."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -72,6 +72,14 @@ def _positional(f: Callable, n: int, keys: tuple[str, ...]) -> Callable:
     return g
 
 
+class Started(NamedTuple):
+    """What `value_and_grad`'s trace of f hands to its differentiation (see jit)."""
+    nums: tuple       # the differentiated arguments
+    static: tuple     # the arguments f saw as Python values (ints and bools)
+    ranges: list      # each argument's flat leaf indices
+    wrt: list         # the flat leaves differentiated
+
+
 def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
                    has_aux: bool = False) -> Callable:
     """`(value, grad)` of a scalar function; grad is for the args named by `argnums`."""
@@ -86,7 +94,7 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
         _check_float(flatten_args([a for i, a in enumerate(args) if i not in static])[0],
                      wrt, "grad")
         tf, leaves = trace(f, args, static)
-        return tf, leaves, (nums, static, ranges, wrt)
+        return tf, leaves, Started(nums, static, ranges, wrt)
 
     @functools.wraps(f)
     def vg(*args: Any, **kwargs: Any) -> Any:
@@ -97,9 +105,9 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
                                   has_aux)(*args, *kwargs.values())
         return finish(args, *start(args))
 
-    def finish(args: tuple, tf: Any, leaves: list, meta: tuple) -> Any:
+    def finish(args: tuple, tf: Any, leaves: list, meta: Started) -> Any:
         """Differentiate f's trace `tf` (its inputs: `leaves`) into the value and gradient."""
-        nums, _, ranges, wrt = meta
+        nums, ranges, wrt = meta.nums, meta.ranges, meta.wrt
         g = ir.roll_loops(tf.graph) if config.roll_loops else tf.graph
         n_out = len(g.outvars)
         if has_aux:
@@ -140,10 +148,12 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
     def finish_traced(args: tuple, started: tuple) -> Any:
         """`finish` of what `start` traced, inside another trace whose inputs are `args`."""
         tf, _, meta = started
-        leaves = flatten_args([a for i, a in enumerate(args) if i not in meta[1]])[0]
+        leaves = flatten_args([a for i, a in enumerate(args) if i not in meta.static])[0]
         return finish(args, tf, leaves, meta)
 
-    vg.traced = (start, finish_traced)    # for jit: trace f first, then decide (jit._compile)
+    # for jit: trace f first, then decide (jit._compile_loop). The attribute names its owner:
+    # functools.wraps copies it onto wrappers (jacfwd, a user's), which must not use it.
+    vg._tg_traced = (vg, start, finish_traced)
     return vg
 
 
@@ -158,8 +168,8 @@ def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -
     @functools.wraps(f)
     def g(*args: Any, **kwargs: Any) -> Any:
         return pick(vg(*args, **kwargs))
-    start, finish = vg.traced
-    g.traced = (start, lambda args, started: pick(finish(args, started)))
+    _, start, finish = vg._tg_traced
+    g._tg_traced = (g, start, lambda args, started: pick(finish(args, started)))
     return g
 
 
