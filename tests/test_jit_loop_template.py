@@ -135,6 +135,7 @@ def test_captured_array_replaced_between_calls(data):
 def test_loop_form_tells_lengths_alike_and_other_graphs_apart(data):
     W, U, xs = data
     forms = {T: loop_form(trace(rnn, (W, U, xs, T), (3,))[0].graph) for T in (4, 5, 9)}
+    assert forms[4][2] == []        # no literals outside the loop
     assert forms[4][1] == 4 and forms[9][1] == 9
     assert forms[4][0] == forms[5][0] == forms[9][0]
 
@@ -153,11 +154,11 @@ def test_template_refuses_what_is_not_linear_in_the_count():
         x, y = tg.ir.Var(tg.ir.Aval((20, 3), f32)), tg.ir.Var(tg.ir.Aval((k, 3), f32))
         e = tg.ir.Eqn("slice", [x], [y], {"index": ((0, k, 1), (0, 3, 1))})
         return tg.ir.Graph([x], [e], [y])
-    assert Template.derive(graph(4, 8), 4, graph(6, 12), 6).ints     # k = 2n: linear
-    assert Template.derive(graph(4, 8), 4, graph(7, 9), 7) is None    # 1/3 per trip
-    t = Template.derive(graph(4, 8), 4, graph(6, 12), 6)
-    assert t.matches(graph(9, 18), 9) and not t.matches(graph(9, 17), 9)
-    made = t.instantiate(5)
+    assert Template.derive(graph(4, 8), 4, [], graph(6, 12), 6, []).ints   # k = 2n: linear
+    assert Template.derive(graph(4, 8), 4, [], graph(7, 9), 7, []) is None  # 1/3 per trip
+    t = Template.derive(graph(4, 8), 4, [], graph(6, 12), 6, [])
+    assert t.matches(graph(9, 18), 9, []) and not t.matches(graph(9, 17), 9, [])
+    made = t.instantiate(5, [])
     assert made.eqns[0].params["index"][0] == (0, 10, 1)
     assert made.outvars[0].aval.shape == (10, 3)
 
@@ -284,3 +285,42 @@ def test_threads_calling_one_function_at_many_lengths(data):
     for T, got in out.items():
         want = tg.jit(tg.value_and_grad(rnn, argnums=(0, 1)), static_argnums=(3,))(W, U, xs, T)
         assert _same(got, want), T
+
+
+def test_mean_over_the_steps_takes_this_length_literal(data):
+    """`loss / T` puts a literal that changes with T outside the loop: the template writes
+    each length's own value wherever the graphs carried it (forward and backward)."""
+    W, U, xs = data
+    ys = np.random.default_rng(2).standard_normal((20, 1, H)).astype(np.float32)
+
+    def f(W, U, xs, ys, T):
+        h = tg.zeros((1, H))
+        loss = 0.0
+        for t in range(T):
+            h = tg.tanh(h @ W + xs[t] @ U)
+            loss = loss + tg.sum((h - ys[t]) ** 2)
+        return loss / T
+    step = _check(lambda: tg.value_and_grad(f, argnums=(0, 1)), (W, U, xs, ys),
+                  [5, 12, 8, 15, 11, 7, 14, 10, 6, 13, 9], static=(4,))
+    assert _templated(step)
+
+
+@pytest.mark.parametrize("kind", ["step_of_T", "derived", "two_alike"])
+def test_literals_the_template_cannot_carry_fall_back(data, kind):
+    """A literal that stayed equal in the lengths a template was made from (but changes
+    later), one the graph folds into another (2/T), and two literals always equal (which one
+    a graph's literal is cannot be told): results stay exact."""
+    W, U, xs = data
+
+    def f(W, U, xs, T):
+        h = tg.zeros((1, H))
+        for t in range(T):
+            h = tg.tanh(h @ W + xs[t] @ U)
+        s = tg.sum(h * h)
+        if kind == "step_of_T":
+            return s * (1.0 if T < 10 else 2.0)
+        if kind == "derived":
+            return (s * (1.0 / T)) * 2.0 + s / (T * 2.0)
+        return s / T + tg.sum(h) / T
+    _check(lambda: tg.value_and_grad(f, argnums=(0, 1)), data,
+           [5, 7, 6, 8, 9, 10, 12, 11, 14, 13, 15])

@@ -251,10 +251,12 @@ class Program:
         self.in_avals = [(v.aval.shape, v.aval.dtype) for v in graph.invars]
         self.n_in = len(graph.invars)
 
-    def respecialized(self, graph: Graph, changed: Sequence[int]) -> Program:
+    def respecialized(self, graph: Graph, changed: Sequence[int],
+                      literals: Sequence[tuple[int, int]] = ()) -> Program:
         """The Program of `graph`, a graph equal to this one's but for the params and types of
-        the equations at positions `changed` (see ir.template): those steps are made again,
-        the rest shared. (The new Program has no `made`: it cannot be respecialised again.)"""
+        the equations at positions `changed`, and the literal inputs at (position, input)
+        `literals` (see ir.template): those steps are made again, the rest shared. (The new
+        Program has no `made`: it cannot be respecialised again.)"""
         if len(graph.eqns) != len(self.graph.eqns) or self.made is None:
             raise ValueError("respecialized: the graph is not this Program's with other types")
         new = object.__new__(Program)
@@ -275,6 +277,13 @@ class Program:
             _, ins, out, n = steps[k]
             fn = _scan_fn(e) if e.op == "scan" else _step_fn(e, n < 0)
             steps[k] = (fn, ins, out, n)
+        for at, i in literals:      # a slot of its own (equal literals share one)
+            k = made.get(id(old[at]))
+            if k is None or type(k) is tuple:
+                continue
+            fn, ins, out, n = steps[k]
+            init.append(graph.eqns[at].inputs[i].value)
+            steps[k] = (fn, ins[:i] + (len(init) - 1,) + ins[i + 1:], out, n)
         return new
 
     def __call__(self, args: Sequence[Any]) -> list[np.ndarray]:

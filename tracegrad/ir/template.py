@@ -41,11 +41,12 @@ def _params_key(op: str, params: dict, frozen: bool = False) -> Any:
     return _full_params(params) if op == "full" else tuple(params.items())
 
 
-def _codes(graph: Graph) -> tuple[list[int], list[tuple], list] | None:
+def _codes(graph: Graph) -> tuple[list[int], list[tuple], list, list] | None:
     """Per equation an int naming its op, params, output types and inputs (a literal by its
-    bits, a graph input by its position, a value made in the graph by how many equations back
+    type, a graph input by its position, a value made in the graph by how many equations back
     and which output); a slice's start indices are left out of it and listed apart, as
-    (position, starts). Also the outputs' forms. None if some equation cannot be named."""
+    (position, starts), and so are the literals, as (position, input, literal). Also the
+    outputs' forms. None if some equation cannot be named."""
     where: dict[int, int] = {}
     for k, v in enumerate(graph.invars):
         where[v.id] = -1 - k
@@ -55,6 +56,7 @@ def _codes(graph: Graph) -> tuple[list[int], list[tuple], list] | None:
     codes: list[int] = []
     append = codes.append
     starts: list[tuple] = []
+    lits: list[tuple] = []
     table, get = _CODES, _CODES.get
     for i, e in enumerate(graph.eqns):
         op, ins, outs, params = e.op, e.inputs, e.outvars, e.params
@@ -67,7 +69,8 @@ def _codes(graph: Graph) -> tuple[list[int], list[tuple], list] | None:
             refs = here - w0 if w0 >= 0 else w0
         else:
             refs = tuple([(here - where[a.id] if where[a.id] >= 0 else where[a.id])
-                          if type(a) is Var else a.key() for a in ins])
+                          if type(a) is Var else a.aval.dtype.str for a in ins])
+            lits += [(i, k, a) for k, a in enumerate(ins) if type(a) is Lit]
         if not params:
             ps: Any = ()
         elif op == "slice":
@@ -104,17 +107,18 @@ def _codes(graph: Graph) -> tuple[list[int], list[tuple], list] | None:
     end = len(graph.eqns) << 8
     outs = [a.key() if type(a) is Lit else
             (end - where[a.id] if where[a.id] >= 0 else where[a.id]) for a in graph.outvars]
-    return codes, starts, outs
+    return codes, starts, lits, outs
 
 
-def loop_form(graph: Graph, min_eqns: int = MIN_EQNS) -> tuple[Any, int] | None:
-    """(form, n): the graph's first run of >= MIN_TRIPS equal blocks (>= `min_eqns`
-    equations), n blocks long, and a hashable form equal for graphs equal but for n. None when
-    the graph has no such run or cannot be named."""
+def loop_form(graph: Graph, min_eqns: int = MIN_EQNS) -> tuple[Any, int, list] | None:
+    """(form, n, literals): the graph's first run of >= MIN_TRIPS equal blocks (>= `min_eqns`
+    equations), n blocks long; a hashable form equal for graphs equal but for n and the
+    literals outside the run (a mean's 1/T); those literals, in order. None when the graph
+    has no such run (or its blocks differ in a literal) or cannot be named."""
     made = _codes(graph)
     if made is None:
         return None
-    codes, starts, outs = made
+    codes, starts, lits, outs = made
     n = len(codes)
     nxt = [n] * n
     seen: dict[int, int] = {}
@@ -132,16 +136,31 @@ def loop_form(graph: Graph, min_eqns: int = MIN_EQNS) -> tuple[Any, int] | None:
                 reps += 1
             if reps >= MIN_TRIPS and p * reps >= min_eqns:
                 pattern = _starts_pattern(starts, i, p, reps)
-                if pattern is None:
+                inside = _run_literals(lits, i, p, reps)
+                if pattern is None or inside is None:
                     return None
                 # (the consts by identity: whoever keeps a form keeps them alive with it,
                 # as jit's families do in their graphs, so an id is never another array's)
                 form = (tuple(codes[:i]), tuple(body), tuple(codes[i + reps * p:]),
-                        tuple(outs), pattern, tuple(graph.in_avals),
+                        tuple(outs), pattern, inside, tuple(graph.in_avals),
                         tuple([id(c) for c in graph.consts]))
-                return form, reps
+                end = i + reps * p
+                return form, reps, [a for at, _, a in lits if at < i or at >= end]
         i += 1
     return None
+
+
+def _run_literals(lits: list[tuple], i: int, p: int, reps: int) -> tuple | None:
+    """The literals inside the run as part of a form: per (position in the body, input),
+    its value, which must be the same in every block. None when it is not."""
+    end = i + reps * p
+    seen: dict[tuple, Any] = {}
+    for at, k, a in lits:
+        if i <= at < end:
+            key = a.key()
+            if seen.setdefault(((at - i) % p, k), key) != key:
+                return None
+    return tuple(sorted(seen.items()))
 
 
 def _starts_pattern(starts: list[tuple], i: int, p: int, reps: int) -> tuple | None:
@@ -188,13 +207,16 @@ class _Mismatch(Exception):
 
 
 class Template:
-    """A graph with some integers written as a * n + b (see the module docstring)."""
-    __slots__ = ("graph", "ints", "n0", "changed")
+    """A graph with some integers written as a * n + b and some literals taken from the
+    traced function's literals outside its loop (see the module docstring)."""
+    __slots__ = ("graph", "ints", "n0", "lits", "lits0", "changed")
 
-    def __init__(self, graph: Graph, ints: dict, n0: int):
+    def __init__(self, graph: Graph, ints: dict, n0: int, lits: dict, lits0: list):
         self.graph = graph          # the graph for count n0
         self.ints = ints            # (equation index, where) -> (a, b); where: see _walk
         self.n0 = n0
+        self.lits = lits            # (equation index, input) -> which literal of the trace
+        self.lits0 = lits0          # the trace's literals for graph
         # the equations whose params or types change with n, or that read a value whose
         # type does: their interpreter steps are made again for each n
         eqns = graph.eqns
@@ -206,14 +228,18 @@ class Template:
         self.changed = sorted(changed)
 
     @classmethod
-    def derive(cls, g1: Graph, n1: int, g2: Graph, n2: int) -> Template | None:
-        """The template of which g1 is the graph for n1 and g2 the graph for n2, or None when
-        they differ other than in integers a * n + b (integer a and b)."""
-        if n1 == n2:
+    def derive(cls, g1: Graph, n1: int, lits1: list, g2: Graph, n2: int, lits2: list
+               ) -> Template | None:
+        """The template of which g1 is the graph for n1 and g2 the graph for n2 (whose
+        traces had the literals lits1 and lits2 outside their loops), or None when they
+        differ other than in integers a * n + b (integer a and b) and in literals that are,
+        in both, one and the same literal of the traces."""
+        if n1 == n2 or len(lits1) != len(lits2):
             return None
         diffs: dict = {}
+        lit_diffs: dict = {}
         try:
-            _compare(g1, g2, diffs)
+            _compare(g1, g2, diffs, lit_diffs)
         except _Mismatch:
             return None
         ints = {}
@@ -227,30 +253,58 @@ class Template:
                 # longer count turns into another graph
                 return None
             ints[where] = (a, v1 - a * n1)
-        return cls(g1, ints, n1)
+        lits = {}
+        for where, (x1, x2) in lit_diffs.items():
+            k1, k2 = x1.key(), x2.key()
+            js = [j for j, (y1, y2) in enumerate(zip(lits1, lits2))
+                  if y1.key() == k1 and y2.key() == k2]
+            if len(js) != 1:      # made from a literal (2/T), or which one is unclear
+                return None
+            lits[where] = js[0]
+        return cls(g1, ints, n1, lits, list(lits1))
 
-    def matches(self, graph: Graph, n: int) -> bool:
-        """Whether `graph` is exactly this template's graph for `n`."""
+    def matches(self, graph: Graph, n: int, lits: list) -> bool:
+        """Whether `graph` is exactly this template's graph for `n` and literals `lits`."""
         diffs: dict = {}
+        lit_diffs: dict = {}
         try:
-            _compare(self.graph, graph, diffs)
+            _compare(self.graph, graph, diffs, lit_diffs)
         except _Mismatch:
             return False
-        if set(diffs) - set(self.ints):
+        if set(diffs) - set(self.ints) or set(lit_diffs) - set(self.lits) or \
+                len(lits) != len(self.lits0):
             return False
         for where, (a, b) in self.ints.items():
             want = a * n + b
             got = diffs.get(where, (None, a * self.n0 + b))[1]
             if got != want:
                 return False
-        return True
+        for where, j in self.lits.items():
+            got = lit_diffs[where][1] if where in lit_diffs else self.lits0[j]
+            if got.key() != lits[j].key():
+                return False
+        return self.fits(lits)
 
-    def instantiate(self, n: int) -> Graph:
-        """The graph for count `n` (fresh variables; everything else shared)."""
+    def fits(self, lits: list) -> bool:
+        """Whether the template can write the graph of a trace with literals `lits`: each
+        literal it did not see change must be as it was (a literal that was equal in the
+        graphs it was made from may be in the graph anywhere, or be folded into another)."""
+        if len(lits) != len(self.lits0):
+            return False
+        varied = set(self.lits.values())
+        return all(j in varied or a.key() == b.key()
+                   for j, (a, b) in enumerate(zip(lits, self.lits0)))
+
+    def instantiate(self, n: int, lits: list) -> Graph:
+        """The graph for count `n` and literals `lits` (fresh variables; everything else
+        shared)."""
         g = self.graph
         by_eqn: dict[int, list] = {}
         for (at, where), (a, b) in self.ints.items():
             by_eqn.setdefault(at, []).append((where, a * n + b))
+        lits_of: dict[int, list] = {}
+        for (at, (_, k)), j in self.lits.items():
+            lits_of.setdefault(at, []).append((k, lits[j]))
         new: dict[int, Var] = {}
         invars = []
         for v in g.invars:
@@ -263,6 +317,8 @@ class Template:
         eqns = []
         for at, e in enumerate(g.eqns):
             ins = [new[a.id] if type(a) is Var else a for a in e.inputs]
+            for k, lit in lits_of.get(at, ()):
+                ins[k] = lit
             changes = by_eqn.get(at)
             if changes is None:
                 outs = []
@@ -292,12 +348,14 @@ class Template:
         """Give `graph`, this template's graph for some n, its interpreter Program: the
         template's, with the steps that change made again (cheaper than building one)."""
         if "_program" not in graph.__dict__:
-            graph.__dict__["_program"] = program(self.graph).respecialized(graph, self.changed)
+            graph.__dict__["_program"] = program(self.graph).respecialized(
+                graph, self.changed, sorted((at, k) for at, (_, k) in self.lits))
 
 
-def _compare(g1: Graph, g2: Graph, diffs: dict) -> None:
-    """Raise _Mismatch unless g2 is g1 with other integers; those go in `diffs` as
-    (equation index, where) -> (value in g1, value in g2)."""
+def _compare(g1: Graph, g2: Graph, diffs: dict, lit_diffs: dict) -> None:
+    """Raise _Mismatch unless g2 is g1 with other integers and other literal inputs (of the
+    same types); those go in `diffs` as (equation index, where) -> (value in g1, value in
+    g2), and in `lit_diffs` as (equation index, ("in", input)) -> (literal in g1, in g2)."""
     if len(g1.eqns) != len(g2.eqns) or len(g1.invars) != len(g2.invars) or \
             len(g1.outvars) != len(g2.outvars) or len(g1.consts) != len(g2.consts):
         raise _Mismatch
@@ -314,14 +372,16 @@ def _compare(g1: Graph, g2: Graph, diffs: dict) -> None:
         if e1.op != e2.op or len(e1.inputs) != len(e2.inputs) or \
                 len(e1.outvars) != len(e2.outvars):
             raise _Mismatch
-        for a, b in zip(e1.inputs, e2.inputs):
+        for k, (a, b) in enumerate(zip(e1.inputs, e2.inputs)):
             if type(a) is not type(b):
                 raise _Mismatch
             if type(a) is Var:
                 if same.get(b.id) != a.id:
                     raise _Mismatch
             elif a.key() != b.key():
-                raise _Mismatch
+                if a.aval != b.aval:
+                    raise _Mismatch
+                lit_diffs[(at, ("in", k))] = (a, b)
         for k, (v, w) in enumerate(zip(e1.outvars, e2.outvars)):
             s1, s2 = v.aval.shape, w.aval.shape
             if v.aval.dtype != w.aval.dtype or len(s1) != len(s2):

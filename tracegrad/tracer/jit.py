@@ -66,7 +66,7 @@ class _Family:
 
     def __init__(self, out_tree: TreeDef):
         self.out_tree = out_tree
-        self.first: tuple | None = None     # (graph, n) of a first count
+        self.first: tuple | None = None     # (graph, n, literals) of a first count
         self.counts: tuple = ()             # the two counts the template was made from
         self.template: Template | None = None
         self.checked = False                # (once True, nothing here changes again)
@@ -75,18 +75,20 @@ class _Family:
         self.tries = 0
         self.lock = threading.Lock()
 
-    def add(self, graph: ir.Graph, n: int) -> None:
+    def add(self, graph: ir.Graph, n: int, lits: list) -> None:
+        """Another length's graph: `n` trips, `lits` the literals of its trace outside
+        the loop (see ir.template.loop_form)."""
         with self.lock:
             if self.dead or self.checked:
                 return
             if self.template is None:
                 if self.first is None:
-                    self.first = (graph, n)
+                    self.first = (graph, n, lits)
                 elif self.first[1] != n:
-                    template = Template.derive(*self.first, graph, n)
+                    template = Template.derive(*self.first, graph, n, lits)
                     if template is None:        # start again from this one
                         self.tries += 1
-                        self.first = (graph, n)
+                        self.first = (graph, n, lits)
                         self.dead = self.tries >= self.TRIES
                         return
                     self.counts = (self.first[1], n)
@@ -95,7 +97,7 @@ class _Family:
                     template.give_program(graph)
                     self.template = template
             elif n not in self.counts:      # a third count
-                if self.template.matches(graph, n):
+                if self.template.matches(graph, n, lits):
                     self.least = min(self.least, n)
                     self.template.give_program(graph)
                     self.checked = True
@@ -299,16 +301,17 @@ class Jitted:
             if fkey is None or any(i not in meta.static for i in self.static):
                 found = None
         if found is not None:
-            n = found[1]
+            _, n, lits = found
             family = self._families.get(fkey)
-            if family is not None and family.checked and n >= family.least:
+            if family is not None and family.checked and n >= family.least and \
+                    family.template.fits(lits):
                 return _Entry(family.out_tree, compile_graph(
-                    family.template.instantiate(n), tiered=True, optimized=False))
+                    family.template.instantiate(n, lits), tiered=True, optimized=False))
         tf, _ = trace(lambda *a: finish(a, started), args, self.static, optimized_later=True)
         if found is not None:
             if family is None:
                 family = remember(self._families, fkey, _Family(tf.out_tree), 64)
-            family.add(tf.graph, n)
+            family.add(tf.graph, n, lits)
         return _Entry(tf.out_tree, compile_graph(tf.graph, tiered=True, optimized=False))
 
     def _miss_reason(self, key: Any) -> str:
