@@ -279,8 +279,9 @@ class Program:
             steps[k] = (fn, ins, out, n)
         for at, i in literals:      # a slot of its own (equal literals share one)
             k = made.get(id(old[at]))
-            if k is None or type(k) is tuple:
+            if k is None:       # dead
                 continue
+            assert type(k) is not tuple, "a constant's equation has no literal inputs"
             fn, ins, out, n = steps[k]
             init.append(graph.eqns[at].inputs[i].value)
             steps[k] = (fn, ins[:i] + (len(init) - 1,) + ins[i + 1:], out, n)

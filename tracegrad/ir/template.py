@@ -41,12 +41,13 @@ def _params_key(op: str, params: dict, frozen: bool = False) -> Any:
     return _full_params(params) if op == "full" else tuple(params.items())
 
 
-def _codes(graph: Graph) -> tuple[list[int], list[tuple], list, list] | None:
+def _codes(graph: Graph, values: bool = False) -> tuple[list[int], list[tuple], list, list] | None:
     """Per equation an int naming its op, params, output types and inputs (a literal by its
     type, a graph input by its position, a value made in the graph by how many equations back
     and which output); a slice's start indices are left out of it and listed apart, as
     (position, starts), and so are the literals, as (position, input, literal). Also the
-    outputs' forms. None if some equation cannot be named."""
+    outputs' forms. `values`: literals named by their bits instead (none listed apart). None
+    if some equation cannot be named."""
     where: dict[int, int] = {}
     for k, v in enumerate(graph.invars):
         where[v.id] = -1 - k
@@ -69,8 +70,10 @@ def _codes(graph: Graph) -> tuple[list[int], list[tuple], list, list] | None:
             refs = here - w0 if w0 >= 0 else w0
         else:
             refs = tuple([(here - where[a.id] if where[a.id] >= 0 else where[a.id])
-                          if type(a) is Var else a.aval.dtype.str for a in ins])
-            lits += [(i, k, a) for k, a in enumerate(ins) if type(a) is Lit]
+                          if type(a) is Var else a.key() if values else a.aval.dtype.str
+                          for a in ins])
+            if not values:
+                lits += [(i, k, a) for k, a in enumerate(ins) if type(a) is Lit]
         if not params:
             ps: Any = ()
         elif op == "slice":
@@ -113,11 +116,20 @@ def _codes(graph: Graph) -> tuple[list[int], list[tuple], list, list] | None:
 def loop_form(graph: Graph, min_eqns: int = MIN_EQNS) -> tuple[Any, int, list] | None:
     """(form, n, literals): the graph's first run of >= MIN_TRIPS equal blocks (>= `min_eqns`
     equations), n blocks long; a hashable form equal for graphs equal but for n and the
-    literals outside the run (a mean's 1/T); those literals, in order. None when the graph
-    has no such run (or its blocks differ in a literal) or cannot be named."""
+    literals outside the run (a mean's 1/T); those literals, in order. When the blocks found
+    differ in a literal, the graph is looked at again with every literal's value in the form
+    (no literals then change). None when the graph has no such run or cannot be named."""
     made = _codes(graph)
     if made is None:
         return None
+    found = _run(graph, made, min_eqns)
+    if found is None and made[2]:
+        made = _codes(graph, values=True)
+        found = _run(graph, made, min_eqns) if made is not None else None
+    return found
+
+
+def _run(graph: Graph, made: tuple, min_eqns: int) -> tuple[Any, int, list] | None:
     codes, starts, lits, outs = made
     n = len(codes)
     nxt = [n] * n
@@ -136,8 +148,10 @@ def loop_form(graph: Graph, min_eqns: int = MIN_EQNS) -> tuple[Any, int, list] |
                 reps += 1
             if reps >= MIN_TRIPS and p * reps >= min_eqns:
                 pattern = _starts_pattern(starts, i, p, reps)
+                if pattern is None:
+                    return None
                 inside = _run_literals(lits, i, p, reps)
-                if pattern is None or inside is None:
+                if inside is None:
                     return None
                 # (the consts by identity: whoever keeps a form keeps them alive with it,
                 # as jit's families do in their graphs, so an id is never another array's)
@@ -209,7 +223,7 @@ class _Mismatch(Exception):
 class Template:
     """A graph with some integers written as a * n + b and some literals taken from the
     traced function's literals outside its loop (see the module docstring)."""
-    __slots__ = ("graph", "ints", "n0", "lits", "lits0", "changed")
+    __slots__ = ("graph", "ints", "n0", "lits", "lits0", "varied", "changed")
 
     def __init__(self, graph: Graph, ints: dict, n0: int, lits: dict, lits0: list):
         self.graph = graph          # the graph for count n0
@@ -217,6 +231,7 @@ class Template:
         self.n0 = n0
         self.lits = lits            # (equation index, input) -> which literal of the trace
         self.lits0 = lits0          # the trace's literals for graph
+        self.varied = set(lits.values())
         # the equations whose params or types change with n, or that read a value whose
         # type does: their interpreter steps are made again for each n
         eqns = graph.eqns
@@ -258,7 +273,7 @@ class Template:
             k1, k2 = x1.key(), x2.key()
             js = [j for j, (y1, y2) in enumerate(zip(lits1, lits2))
                   if y1.key() == k1 and y2.key() == k2]
-            if len(js) != 1:      # made from a literal (2/T), or which one is unclear
+            if len(js) != 1:      # made from a literals' values, or which one is unclear
                 return None
             lits[where] = js[0]
         return cls(g1, ints, n1, lits, list(lits1))
@@ -272,7 +287,9 @@ class Template:
         except _Mismatch:
             return False
         if set(diffs) - set(self.ints) or set(lit_diffs) - set(self.lits) or \
-                len(lits) != len(self.lits0):
+                len(lits) != len(self.lits0) or any(
+                    j not in self.varied and a.key() != b.key()
+                    for j, (a, b) in enumerate(zip(lits, self.lits0))):
             return False
         for where, (a, b) in self.ints.items():
             want = a * n + b
@@ -283,17 +300,24 @@ class Template:
             got = lit_diffs[where][1] if where in lit_diffs else self.lits0[j]
             if got.key() != lits[j].key():
                 return False
-        return self.fits(lits)
+        return True
 
-    def fits(self, lits: list) -> bool:
-        """Whether the template can write the graph of a trace with literals `lits`: each
-        literal it did not see change must be as it was (a literal that was equal in the
-        graphs it was made from may be in the graph anywhere, or be folded into another)."""
+    def fits(self, lits: list, form: Any) -> bool:
+        """Whether the template can write the graph of a trace with literals `lits` (and
+        loop form `form`): each literal it did not see change must be as it was (one equal
+        in the graphs it was made from may be anywhere in them), and one it saw change
+        must not now equal another literal of the trace (roll_loops tells equations apart
+        by their literals' values: an equal one can join a step to the loop)."""
         if len(lits) != len(self.lits0):
             return False
-        varied = set(self.lits.values())
-        return all(j in varied or a.key() == b.key()
-                   for j, (a, b) in enumerate(zip(lits, self.lits0)))
+        keys = [a.key() for a in lits]
+        for j, (k, old) in enumerate(zip(keys, self.lits0)):
+            if j not in self.varied:
+                if k != old.key():
+                    return False
+            elif keys.count(k) > 1 or any(k == v for _, v in form[5]):
+                return False
+        return True
 
     def instantiate(self, n: int, lits: list) -> Graph:
         """The graph for count `n` and literals `lits` (fresh variables; everything else

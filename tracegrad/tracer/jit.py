@@ -304,7 +304,7 @@ class Jitted:
             _, n, lits = found
             family = self._families.get(fkey)
             if family is not None and family.checked and n >= family.least and \
-                    family.template.fits(lits):
+                    family.template.fits(lits, found[0]):
                 return _Entry(family.out_tree, compile_graph(
                     family.template.instantiate(n, lits), tiered=True, optimized=False))
         tf, _ = trace(lambda *a: finish(a, started), args, self.static, optimized_later=True)
