@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import tracegrad as tg
-from tracegrad.ir.template import Template, loop_form
+from tracegrad.ir.loop_form import loop_form
+from tracegrad.ir.template import Template
 from tracegrad.tracer.trace import trace
 
 H = 8

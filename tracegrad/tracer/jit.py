@@ -16,7 +16,8 @@ from .executor import Tiered, compile_graph
 from .pytree import TreeDef, tree_flatten, unflattener
 from ..ir.builder import current_builder
 from ..ir.core import remember
-from ..ir.template import Template, loop_form
+from ..ir.loop_form import loop_form
+from ..ir.template import Template
 from .trace import leaf_values, trace, tracing
 
 log = logging.getLogger("tracegrad")
@@ -77,7 +78,7 @@ class _Family:
 
     def add(self, graph: ir.Graph, n: int, lits: list) -> None:
         """Another length's graph: `n` trips, `lits` the literals of its trace outside
-        the loop (see ir.template.loop_form)."""
+        the loop (see ir.loop_form)."""
         with self.lock:
             if self.dead or self.checked:
                 return
