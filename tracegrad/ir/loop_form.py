@@ -10,11 +10,23 @@ from two steps back) has another form."""
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, NamedTuple
 
 from .core import Graph, Lit, Var
 from .loops import MIN_EQNS, MIN_TRIPS, _full_params
 from .passes import _frozen_params
+
+class Form(NamedTuple):
+    """A loop's trace with its trip count and outside literals left out (hashable)."""
+    before: tuple       # the equations' codes before the run
+    body: tuple         # one block's
+    after: tuple        # after the run
+    outs: tuple         # the outputs'
+    starts: tuple       # the slices' starts (see _starts_pattern)
+    inside: tuple       # the literals inside the run: ((body position, input), key)
+    in_avals: tuple
+    consts: tuple       # the graph's constants, by identity
+
 
 _CODES: dict[Any, int] = {}     # an equation's relative form -> an int
 _NEXT = itertools.count()        # never handed out twice: forms made before a clear stay apart
@@ -100,7 +112,7 @@ def _codes(graph: Graph, values: bool = False) -> tuple[list[int], list[tuple], 
     return codes, starts, lits, outs
 
 
-def loop_form(graph: Graph, min_eqns: int = MIN_EQNS) -> tuple[Any, int, list] | None:
+def loop_form(graph: Graph, min_eqns: int = MIN_EQNS) -> tuple[Form, int, list] | None:
     """(form, n, literals): the graph's first run of >= MIN_TRIPS equal blocks (>= `min_eqns`
     equations), n blocks long; a hashable form equal for graphs equal but for n and the
     literals outside the run (a mean's 1/T); those literals, in order. When the blocks found
@@ -116,7 +128,7 @@ def loop_form(graph: Graph, min_eqns: int = MIN_EQNS) -> tuple[Any, int, list] |
     return found
 
 
-def _run(graph: Graph, made: tuple, min_eqns: int) -> tuple[Any, int, list] | None:
+def _run(graph: Graph, made: tuple, min_eqns: int) -> tuple[Form, int, list] | None:
     codes, starts, lits, outs = made
     n = len(codes)
     nxt = [n] * n
@@ -142,9 +154,9 @@ def _run(graph: Graph, made: tuple, min_eqns: int) -> tuple[Any, int, list] | No
                     return None
                 # (the consts by identity: whoever keeps a form keeps them alive with it,
                 # as jit's families do in their graphs, so an id is never another array's)
-                form = (tuple(codes[:i]), tuple(body), tuple(codes[i + reps * p:]),
-                        tuple(outs), pattern, inside, tuple(graph.in_avals),
-                        tuple([id(c) for c in graph.consts]))
+                form = Form(tuple(codes[:i]), tuple(body), tuple(codes[i + reps * p:]),
+                            tuple(outs), pattern, inside, tuple(graph.in_avals),
+                            tuple([id(c) for c in graph.consts]))
                 end = i + reps * p
                 return form, reps, [a for at, _, a in lits if at < i or at >= end]
         i += 1

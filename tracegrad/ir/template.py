@@ -123,7 +123,7 @@ class Template:
             if j not in self.varied:
                 if k != old.key():
                     return False
-            elif keys.count(k) > 1 or any(k == v for _, v in form[5]):
+            elif keys.count(k) > 1 or any(k == v for _, v in form.inside):
                 return False
         return True
 
