@@ -360,3 +360,41 @@ def test_loops_whose_first_run_differs_in_a_literal_still_get_a_template(data, k
     lengths = [6, 10, 8, 12, 14, 16] if kind == "alternating" else [5, 12, 8, 15, 11, 7]
     step = _check(lambda: tg.value_and_grad(f, argnums=(0, 1)), data, lengths)
     assert _templated(step)
+
+
+def test_a_dict_of_parameters_gets_a_template(data):
+    W, U, xs = data
+
+    def f(p, xs, T):
+        h = tg.zeros((1, H))
+        for t in range(T):
+            h = tg.tanh(h @ p["W"] + xs[t] @ p["U"])
+        return tg.sum(h ** 2) / T
+    step = _check(lambda: tg.value_and_grad(f), ({"W": W, "U": U}, xs), [4, 6, 5, 9, 7, 8],
+                  static=(2,))
+    assert _templated(step)
+
+
+def test_public_pieces_refuse_what_they_cannot_do():
+    f32 = np.dtype(np.float32)
+
+    def graph(n):
+        x, y = tg.ir.Var(tg.ir.Aval((20, 3), f32)), tg.ir.Var(tg.ir.Aval((n, 3), f32))
+        z = tg.ir.Var(tg.ir.Aval((n, 3), f32))
+        return tg.ir.Graph([x], [tg.ir.Eqn("slice", [x], [y], {"index": ((0, n, 1), (0, 3, 1))}),
+                                 tg.ir.Eqn("neg", [y], [z], {})], [z])
+    t = Template.derive(graph(4), 4, [], graph(6), 6, [])
+    with pytest.raises(ValueError, match="count -2"):
+        t.instantiate(-2, [])
+    with pytest.raises(ValueError, match="expected 0 literals"):
+        t.instantiate(5, [tg.ir.Lit(1.0, f32)])
+    with pytest.raises(TypeError, match="ir.Lit"):
+        t.instantiate(5, [1.0])
+    with pytest.raises(TypeError, match="loop_form"):
+        loop_form(None)
+
+    def one(op):
+        x, y = tg.ir.Var(tg.ir.Aval((3,), f32)), tg.ir.Var(tg.ir.Aval((3,), f32))
+        return tg.ir.Graph([x], [tg.ir.Eqn(op, [x], [y], {})], [y])
+    with pytest.raises(ValueError, match="not this Program's"):
+        tg.ir.Program(one("neg")).respecialized(one("exp"), [])

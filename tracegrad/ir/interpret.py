@@ -256,8 +256,13 @@ class Program:
         """The Program of `graph`, a graph equal to this one's but for the params and types of
         the equations at positions `changed`, and the literal inputs at (position, input)
         `literals` (see ir.template): those steps are made again, the rest shared. (The new
-        Program has no `made`: it cannot be respecialised again.)"""
-        if len(graph.eqns) != len(self.graph.eqns) or self.made is None:
+        Program has no `made`: it cannot be respecialized again.)"""
+        if self.made is None:
+            raise ValueError("respecialized: this Program was itself respecialized; "
+                             "respecialize the one it came from")
+        if len(graph.eqns) != len(self.graph.eqns) or any(
+                e.op != f.op or len(e.inputs) != len(f.inputs)
+                for e, f in zip(graph.eqns, self.graph.eqns)):
             raise ValueError("respecialized: the graph is not this Program's with other types")
         new = object.__new__(Program)
         new.graph = graph

@@ -112,40 +112,44 @@ def _codes(graph: Graph, values: bool = False) -> tuple[list[int], list[tuple], 
     return codes, starts, lits, outs
 
 
-def loop_form(graph: Graph, min_eqns: int = MIN_EQNS) -> tuple[Form, int, list] | None:
-    """(form, n, literals): the graph's first run of >= MIN_TRIPS equal blocks (>= `min_eqns`
+def loop_form(graph: Graph) -> tuple[Form, int, list] | None:
+    """(form, n, literals): the graph's first run of >= MIN_TRIPS equal blocks (>= MIN_EQNS
     equations), n blocks long; a hashable form equal for graphs equal but for n and the
     literals outside the run (a mean's 1/T); those literals, in order. When the blocks found
     differ in a literal, the graph is looked at again with every literal's value in the form
     (no literals then change). None when the graph has no such run or cannot be named."""
-    made = _codes(graph)
-    if made is None:
+    if not isinstance(graph, Graph):
+        raise TypeError(f"loop_form: expected an ir.Graph, got {type(graph).__name__}")
+    named = _codes(graph)
+    if named is None:
         return None
-    found = _run(graph, made, min_eqns)
-    if found is None and made[2]:
-        made = _codes(graph, values=True)
-        found = _run(graph, made, min_eqns) if made is not None else None
+    found = _run(graph, named)
+    if found is None and named[2]:
+        named = _codes(graph, values=True)
+        found = _run(graph, named) if named is not None else None
     return found
 
 
-def _run(graph: Graph, made: tuple, min_eqns: int) -> tuple[Form, int, list] | None:
-    codes, starts, lits, outs = made
-    n = len(codes)
-    nxt = [n] * n
+def _run(graph: Graph, named: tuple) -> tuple[Form, int, list] | None:
+    """loop_form of a graph named by _codes."""
+    codes, starts, lits, outs = named
+    size = len(codes)
+    nxt = [size] * size
     seen: dict[int, int] = {}
-    for i in range(n - 1, -1, -1):
+    for i in range(size - 1, -1, -1):
         c = codes[i]
-        nxt[i] = seen.get(c, n)
+        nxt[i] = seen.get(c, size)
         seen[c] = i
     i = 0
-    while i < n:
+    while i < size:
         p = nxt[i] - i
-        if i + MIN_TRIPS * p <= n and p * MIN_TRIPS >= min_eqns:
+        if i + MIN_TRIPS * p <= size and p * MIN_TRIPS >= MIN_EQNS:
             body = codes[i:i + p]
             reps = 1
-            while i + (reps + 1) * p <= n and codes[i + reps * p:i + (reps + 1) * p] == body:
+            while i + (reps + 1) * p <= size and \
+                    codes[i + reps * p:i + (reps + 1) * p] == body:
                 reps += 1
-            if reps >= MIN_TRIPS and p * reps >= min_eqns:
+            if reps >= MIN_TRIPS and p * reps >= MIN_EQNS:
                 pattern = _starts_pattern(starts, i, p, reps)
                 if pattern is None:
                     return None
@@ -153,7 +157,8 @@ def _run(graph: Graph, made: tuple, min_eqns: int) -> tuple[Form, int, list] | N
                 if inside is None:
                     return None
                 # (the consts by identity: whoever keeps a form keeps them alive with it,
-                # as jit's families do in their graphs, so an id is never another array's)
+                # as jit's families do in their graphs, so an id is never another array's;
+                # a function making a new constant array each trace has a new form each time)
                 form = Form(tuple(codes[:i]), tuple(body), tuple(codes[i + reps * p:]),
                             tuple(outs), pattern, inside, tuple(graph.in_avals),
                             tuple([id(c) for c in graph.consts]))

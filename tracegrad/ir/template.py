@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .core import Eqn, Graph, Var
+from .core import Eqn, Graph, Lit, Var
 from .fission import aval
 from .interpret import program
 
@@ -31,15 +31,15 @@ class _Mismatch(Exception):
 class Template:
     """A graph with some integers written as a * n + b and some literals taken from the
     traced function's literals outside its loop (see the module docstring)."""
-    __slots__ = ("graph", "ints", "n0", "lits", "lits0", "varied", "changed")
+    __slots__ = ("graph", "ints", "n0", "slots", "lits0", "varied", "changed")
 
-    def __init__(self, graph: Graph, ints: dict, n0: int, lits: dict, lits0: list):
+    def __init__(self, graph: Graph, ints: dict, n0: int, slots: dict, lits0: list):
         self.graph = graph          # the graph for count n0
         self.ints = ints            # (equation index, where) -> (a, b); where: see _walk
         self.n0 = n0
-        self.lits = lits            # (equation index, input) -> which literal of the trace
-        self.lits0 = lits0          # the trace's literals for graph
-        self.varied = set(lits.values())
+        self.slots = slots          # (equation index, ("in", input)) -> which trace literal
+        self.lits0 = lits0          # the trace's literals (outside its loop) for graph
+        self.varied = set(slots.values())
         # the equations whose params or types change with n, or that read a value whose
         # type does: their interpreter steps are made again for each n
         eqns = graph.eqns
@@ -76,15 +76,17 @@ class Template:
                 # longer count turns into another graph
                 return None
             ints[where] = (a, v1 - a * n1)
-        lits = {}
+        _check_lits(lits1, "derive")
+        _check_lits(lits2, "derive")
+        slots = {}
         for where, (x1, x2) in lit_diffs.items():
             k1, k2 = x1.key(), x2.key()
             js = [j for j, (y1, y2) in enumerate(zip(lits1, lits2))
                   if y1.key() == k1 and y2.key() == k2]
-            if len(js) != 1:      # made from a literals' values, or which one is unclear
+            if len(js) != 1:      # made from literals' values, or which one is unclear
                 return None
-            lits[where] = js[0]
-        return cls(g1, ints, n1, lits, list(lits1))
+            slots[where] = js[0]
+        return cls(g1, ints, n1, slots, list(lits1))
 
     def matches(self, graph: Graph, n: int, lits: list) -> bool:
         """Whether `graph` is exactly this template's graph for `n` and literals `lits`."""
@@ -94,7 +96,7 @@ class Template:
             _compare(self.graph, graph, diffs, lit_diffs)
         except _Mismatch:
             return False
-        if set(diffs) - set(self.ints) or set(lit_diffs) - set(self.lits) or \
+        if set(diffs) - set(self.ints) or set(lit_diffs) - set(self.slots) or \
                 len(lits) != len(self.lits0) or any(
                     j not in self.varied and a.key() != b.key()
                     for j, (a, b) in enumerate(zip(lits, self.lits0))):
@@ -104,7 +106,7 @@ class Template:
             got = diffs.get(where, (None, a * self.n0 + b))[1]
             if got != want:
                 return False
-        for where, j in self.lits.items():
+        for where, j in self.slots.items():
             got = lit_diffs[where][1] if where in lit_diffs else self.lits0[j]
             if got.key() != lits[j].key():
                 return False
@@ -129,13 +131,20 @@ class Template:
 
     def instantiate(self, n: int, lits: list) -> Graph:
         """The graph for count `n` and literals `lits` (fresh variables; everything else
-        shared)."""
+        shared). Made for counts at least the least one the template was checked with (jit
+        keeps to that); a count giving a negative size or a loop of no steps raises."""
+        _check_lits(lits, "instantiate", self.lits0)
         g = self.graph
         by_eqn: dict[int, list] = {}
         for (at, where), (a, b) in self.ints.items():
-            by_eqn.setdefault(at, []).append((where, a * n + b))
+            value = a * n + b
+            if value < (1 if where[-1] == "length" else 0) and (
+                    where[0] == "out" or where[-1] == "length"):
+                raise ValueError(f"Template.instantiate: count {n} gives {where[-1]} "
+                                 f"{value} in equation {at} ({g.eqns[at].op})")
+            by_eqn.setdefault(at, []).append((where, value))
         lits_of: dict[int, list] = {}
-        for (at, (_, k)), j in self.lits.items():
+        for (at, (_, k)), j in self.slots.items():
             lits_of.setdefault(at, []).append((k, lits[j]))
         new: dict[int, Var] = {}
         invars = []
@@ -181,7 +190,18 @@ class Template:
         template's, with the steps that change made again (cheaper than building one)."""
         if "_program" not in graph.__dict__:
             graph.__dict__["_program"] = program(self.graph).respecialized(
-                graph, self.changed, sorted((at, k) for at, (_, k) in self.lits))
+                graph, self.changed, sorted((at, k) for at, (_, k) in self.slots))
+
+
+def _check_lits(lits: Any, what: str, like: list | None = None) -> None:
+    """Raise unless `lits` is a list of Lit (as many as `like`, of the same types)."""
+    if not isinstance(lits, (list, tuple)) or any(type(a) is not Lit for a in lits):
+        raise TypeError(f"Template.{what}: literals must be a list of ir.Lit (loop_form's "
+                        "third result)")
+    if like is not None and (len(lits) != len(like) or
+                             any(a.aval != b.aval for a, b in zip(lits, like))):
+        raise ValueError(f"Template.{what}: expected {len(like)} literals of types "
+                         f"{[str(b.aval) for b in like]}, got {[str(a.aval) for a in lits]}")
 
 
 def _compare(g1: Graph, g2: Graph, diffs: dict, lit_diffs: dict) -> None:

@@ -257,9 +257,11 @@ class Jitted:
     def _compile(self, args: tuple, key: Any) -> _Entry:
         t0 = time.perf_counter()
         traced = getattr(self.f, "_tg_traced", None)
+        # (arrays only: f's own trace, made outside jit's, must see what jit's trace would;
+        # a Python number would be a weak input of one and a Traced of the other)
         if type(traced) is tuple and traced[0] is self.f and self.static and \
-                config.roll_loops and all(type(a) is np.ndarray for i, a in enumerate(args)
-                                          if i not in self.static):
+                config.roll_loops and all(type(x) is np.ndarray for x in tree_flatten(
+                    tuple(a for i, a in enumerate(args) if i not in self.static))[0]):
             entry = self._compile_loop(args, key, *traced[1:])
         else:
             tf, _ = trace(self.f, args, self.static, optimized_later=True)
@@ -291,9 +293,9 @@ class Jitted:
         found = loop_form(tf_f.graph)
         family = None
         if found is not None:
-            # what the pipeline reads besides f's trace: f's output tree, and the static
-            # values f's trace does not see as Python values (a float is an input of f's
-            # trace but a constant of jit's): with those, no family (the form is not enough)
+            # what the pipeline reads besides f's trace: f's output tree (in the key), and
+            # static values f's trace does not see as Python values (a float is an input of
+            # f's trace but a constant of jit's graph): with such a value, no family
             try:
                 fkey = (key[0], key[1], found[0], tf_f.out_tree, repr(tf_f.out_tree))
                 hash(fkey)
@@ -302,10 +304,10 @@ class Jitted:
             if fkey is None or any(i not in meta.static for i in self.static):
                 found = None
         if found is not None:
-            _, n, lits = found
+            form, n, lits = found
             family = self._families.get(fkey)
             if family is not None and family.checked and n >= family.least and \
-                    family.template.fits(lits, found[0]):
+                    family.template.fits(lits, form):
                 return _Entry(family.out_tree, compile_graph(
                     family.template.instantiate(n, lits), tiered=True, optimized=False))
         tf, _ = trace(lambda *a: finish(a, started), args, self.static, optimized_later=True)

@@ -145,6 +145,7 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
             k += count
         grad_tree = per_arg[0] if isinstance(argnums, int) else tuple(per_arg)
         return value, grad_tree
+
     def finish_traced(args: tuple, started: tuple) -> Any:
         """`finish` of what `start` traced, inside another trace whose inputs are `args`."""
         tf, _, meta = started
@@ -168,8 +169,8 @@ def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -
     @functools.wraps(f)
     def g(*args: Any, **kwargs: Any) -> Any:
         return pick(vg(*args, **kwargs))
-    _, start, finish = vg._tg_traced
-    g._tg_traced = (g, start, lambda args, started: pick(finish(args, started)))
+    _, start, finish_traced = vg._tg_traced
+    g._tg_traced = (g, start, lambda args, started: pick(finish_traced(args, started)))
     return g
 
 
