@@ -147,21 +147,15 @@ def rolled_and_unrolled(fn):
 
 
 @pytest.fixture
-def unrolled():
+def unrolled(monkeypatch):
     """Differentiate traced loops step by step (tg.config.roll_loops off) in this test."""
-    old = tg.config.roll_loops
-    tg.config.roll_loops = False
-    yield
-    tg.config.roll_loops = old
+    monkeypatch.setattr(tg.config, "roll_loops", False)
 
 
 @pytest.fixture
-def interpreter_only():
+def interpreter_only(monkeypatch):
     """Run graphs on the reference interpreter even if a native backend is registered."""
-    old = tg.config.disable_jit
-    tg.config.disable_jit = True
-    yield
-    tg.config.disable_jit = old
+    monkeypatch.setattr(tg.config, "disable_jit", True)
 
 
 @pytest.fixture(scope="module")

@@ -24,11 +24,8 @@ def line_of(fn, text: str) -> int:
 
 
 @pytest.fixture
-def debug_nans():
-    old = tg.config.debug_nans
-    tg.config.debug_nans = True
-    yield
-    tg.config.debug_nans = old
+def debug_nans(monkeypatch):
+    monkeypatch.setattr(tg.config, "debug_nans", True)
 
 
 def log_of(x):

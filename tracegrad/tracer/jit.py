@@ -290,22 +290,18 @@ class Jitted:
         instead of being rolled and differentiated again (see ir.template)."""
         started = start(args)
         tf_f, _, meta = started
-        found = loop_form(tf_f.graph)
-        family = None
-        if found is not None:
-            # what the pipeline reads besides f's trace: f's output tree (in the key), and
-            # static values f's trace does not see as Python values (a float is an input of
-            # f's trace but a constant of jit's graph): with such a value, no family
-            try:
-                fkey = (key[0], key[1], found[0], tf_f.out_tree, repr(tf_f.out_tree))
-                hash(fkey)
-            except TypeError:
-                fkey = None
-            if fkey is None or any(i not in meta.static for i in self.static):
-                found = None
+        # a static value f's trace does not see as a Python value (a float is an input of
+        # f's trace but a constant of jit's graph) is read by the pipeline outside the form:
+        # then no family, and no form to look for
+        found = loop_form(tf_f.graph) if all(i in meta.static for i in self.static) else None
+        family = fkey = None
         if found is not None:
             form, n, lits = found
-            family = self._families.get(fkey)
+            try:        # f's output tree too is read outside the form
+                fkey = (key[0], key[1], form, tf_f.out_tree, repr(tf_f.out_tree))
+                family = self._families.get(fkey)
+            except TypeError:
+                found = None
             if family is not None and family.checked and n >= family.least and \
                     family.template.fits(lits, form):
                 return _Entry(family.out_tree, compile_graph(
