@@ -75,8 +75,9 @@ def test_loop_with_bias_and_invariant_from_before_the_loop(data):
         for t in range(T):
             h = tg.tanh(h @ Wt + xs[t] @ U + b)
         return tg.mean(h * h)
-    _check(lambda: tg.value_and_grad(f, argnums=(0, 1, 3)), (W, U, xs, b),
-           [3, 7, 4, 9, 5, 11, 6], static=(4,))
+    step = _check(lambda: tg.value_and_grad(f, argnums=(0, 1, 3)), (W, U, xs, b),
+                  [3, 7, 4, 9, 5, 11, 6], static=(4,))
+    assert _templated(step), "a value made before the loop kept the loop from a template"
 
 
 def test_every_other_input_and_stacked_outputs(data):
@@ -398,3 +399,117 @@ def test_public_pieces_refuse_what_they_cannot_do():
         return tg.ir.Graph([x], [tg.ir.Eqn(op, [x], [y], {})], [y])
     with pytest.raises(ValueError, match="not this Program's"):
         tg.ir.Program(one("neg")).respecialized(one("exp"), [])
+
+
+def _hs(W, U, xs, T):
+    h = tg.zeros((1, H))
+    hs = []
+    for t in range(T):
+        h = tg.tanh(h @ W + xs[t] @ U)
+        hs.append(h)
+    return hs
+
+
+def test_values_made_before_the_loop_keep_one_form(data):
+    """Every step reads `xu = xs @ U` (sliced per step) and a scaled bias made before the
+    loop: each block reads them from further back, so they are named by where they are
+    made; the carry's first value, made before the loop too, stays a read of the previous
+    step."""
+    W, U, xs = data
+    b = np.linspace(-1, 1, H).astype(np.float32)
+
+    def f(W, U, xs, b, T):
+        xu = tg.reshape(xs, (20, H)) @ U
+        bb = b * 2.0
+        h = tg.zeros((1, H))
+        for t in range(T):
+            h = tg.tanh(h @ W + xu[t:t + 1] + bb)
+        return tg.sum(h * h)
+    forms = {loop_form(trace(f, (W, U, xs, b, T), (4,))[0].graph)[0] for T in (4, 6, 9)}
+    assert len(forms) == 1 and None not in forms
+    step = _check(lambda: tg.value_and_grad(f, argnums=(0, 1, 3)), (W, U, xs, b),
+                  [5, 12, 8, 15, 11, 7, 3], static=(4,))
+    assert _templated(step)
+
+
+def test_a_slice_as_long_as_the_loop_before_it_keeps_one_form(data):
+    """`xs[:T] @ U` before the loop: the slice's length, and the shapes of what reads it,
+    are the loop's length (written "n" in the form), so every length has one form; a
+    slice of a fixed length that happens to equal the loop's is told apart."""
+    W, U, xs = data
+
+    def f(W, U, xs, T):
+        xu = tg.reshape(xs[:T], (T, H)) @ U
+        h = tg.zeros((1, H))
+        for t in range(T):
+            h = tg.tanh(h @ W + xu[t])
+        return tg.sum(h * h)
+
+    def fixed(W, U, xs, T):
+        xu = tg.reshape(xs[:6], (6, H)) @ U
+        h = tg.zeros((1, H))
+        for t in range(T):
+            h = tg.tanh(h @ W + xs[t] @ U + xu[2])
+        return tg.sum(h * h)
+
+    def form(g, T):
+        return loop_form(trace(g, (W, U, xs, T), (3,))[0].graph)[0]
+    assert form(f, 5) == form(f, 9) == form(f, 12)
+    assert form(fixed, 6) != form(fixed, 9)
+    step = _check(lambda: tg.value_and_grad(f, argnums=(0, 1)), data,
+                  [5, 12, 8, 15, 11, 7, 3, 20])
+    assert _templated(step)
+    _check(lambda: tg.value_and_grad(fixed, argnums=(0, 1)), data, [6, 9, 5, 6, 12, 7, 4])
+
+
+@pytest.mark.parametrize("kind", ["stack", "mean", "shifted", "concat", "mapped", "losses",
+                                  "first"])
+def test_values_of_every_step_read_after_the_loop(data, kind):
+    """After the loop, `tg.stack(hs)` (a reshape per step, then one concatenate of T
+    values), maps over the steps and reads of the first step are named free of the length:
+    one form, one template, results equal to a fresh jit's."""
+    def f(W, U, xs, T):
+        hs = _hs(W, U, xs, T)
+        if kind == "stack":
+            return tg.sum(tg.stack(hs) ** 2)
+        if kind == "mean":          # 1/(T*H) is a literal outside the loop
+            return tg.mean(tg.stack(hs))
+        if kind == "shifted":
+            return tg.sum(tg.stack(hs[1:]) * tg.stack(hs[:-1]))
+        if kind == "concat":
+            return tg.sum(tg.concatenate(hs, axis=0) @ W)
+        if kind == "mapped":        # a map over the steps, then a map over that map
+            return tg.sum(tg.stack([tg.sin(h) for h in hs]) * tg.stack([h * 2.0 for h in hs]))
+        if kind == "losses":
+            return tg.sum(tg.stack([tg.sum(h * h) for h in hs]))
+        return tg.sum(hs[0] * hs[-1])
+    W, U, xs = data
+    forms = {loop_form(trace(f, (W, U, xs, T), (3,))[0].graph)[0] for T in (5, 6, 9)}
+    assert len(forms) == 1 and None not in forms
+    step = _check(lambda: tg.value_and_grad(f, argnums=(0, 1)), data,
+                  [5, 12, 8, 15, 11, 7, 14, 4, 3])
+    assert _templated(step)
+
+
+def test_reads_after_the_loop_named_by_their_step(data):
+    """A step read after the loop is named from the start of the loop when in its first
+    half, else from the end: the middle step (hs[T // 2]) gets another form at each length,
+    the first three steps (hs[:3]) one form at every length. Every length is exact."""
+    W, U, xs = data
+
+    def middle(W, U, xs, T):
+        hs = _hs(W, U, xs, T)
+        return tg.sum(hs[T // 2] * hs[-1])
+
+    def head(W, U, xs, T):
+        hs = _hs(W, U, xs, T)
+        return tg.sum(tg.stack(hs[:3]) ** 2)
+
+    def form(f, T):
+        return loop_form(trace(f, (W, U, xs, T), (3,))[0].graph)[0]
+    assert form(middle, 8) != form(middle, 12)
+    assert form(head, 8) == form(head, 12) != form(rnn, 8)
+    _check(lambda: tg.value_and_grad(middle, argnums=(0, 1)), data, [8, 12, 10, 16, 9, 14])
+    step = _check(lambda: tg.value_and_grad(head, argnums=(0, 1)), data,
+                  [8, 12, 10, 16, 9, 14])
+    assert _templated(step)

@@ -40,13 +40,14 @@ def _params_key(op: str, params: dict, frozen: bool = False) -> Any:
     return _full_params(params) if op == "full" else tuple(params.items())
 
 
-def _codes(graph: Graph, values: bool = False) -> tuple[list[int], list[tuple], list, list] | None:
+def _codes(graph: Graph, values: bool = False
+           ) -> tuple[list[int], list[tuple], list, list, dict] | None:
     """Per equation an int naming its op, params, output types and inputs (a literal by its
     type, a graph input by its position, a value made in the graph by how many equations back
     and which output); a slice's start indices are left out of it and listed apart, as
     (position, starts), and so are the literals, as (position, input, literal). Also the
-    outputs' forms. `values`: literals named by their bits instead (none listed apart). None
-    if some equation cannot be named."""
+    outputs' forms, and where each variable is made (see `_after`). `values`: literals named
+    by their bits instead (none listed apart). None if some equation cannot be named."""
     where: dict[int, int] = {}
     for k, v in enumerate(graph.invars):
         where[v.id] = -1 - k
@@ -109,7 +110,7 @@ def _codes(graph: Graph, values: bool = False) -> tuple[list[int], list[tuple], 
     end = len(graph.eqns) << 8
     outs = [a.key() if type(a) is Lit else
             (end - where[a.id] if where[a.id] >= 0 else where[a.id]) for a in graph.outvars]
-    return codes, starts, lits, outs
+    return codes, starts, lits, outs, where
 
 
 def loop_form(graph: Graph) -> tuple[Form, int, list] | None:
@@ -117,7 +118,10 @@ def loop_form(graph: Graph) -> tuple[Form, int, list] | None:
     equations), n blocks long; a hashable form equal for graphs equal but for n and the
     literals outside the run (a mean's 1/T); those literals, in order. When the blocks found
     differ in a literal, the graph is looked at again with every literal's value in the form
-    (no literals then change). None when the graph has no such run or cannot be named."""
+    (no literals then change); when no blocks are equal as written, again with the values
+    made before the loop that every step reads (a bias scaled, `xs @ U` sliced per step)
+    named by where they are made (see `_hoisted`). None when the graph has no such run or
+    cannot be named."""
     if not isinstance(graph, Graph):
         raise TypeError(f"loop_form: expected an ir.Graph, got {type(graph).__name__}")
     named = _codes(graph)
@@ -125,23 +129,25 @@ def loop_form(graph: Graph) -> tuple[Form, int, list] | None:
         return None
     found = _run(graph, named)
     if found is None and named[2]:
-        named = _codes(graph, values=True)
-        found = _run(graph, named) if named is not None else None
+        valued = _codes(graph, values=True)
+        found = _run(graph, valued) if valued is not None else None
+    if found is None:
+        found = _hoisted(graph, named)
     return found
 
 
-def _run(graph: Graph, named: tuple) -> tuple[Form, int, list] | None:
-    """loop_form of a graph named by _codes."""
-    codes, starts, lits, outs = named
+def _runs(codes: list):
+    """The runs of >= MIN_TRIPS equal blocks (>= MIN_EQNS equations) of `codes`, as
+    (start, period, blocks), in order of their start (for each start, the period of the
+    next equal code)."""
     size = len(codes)
     nxt = [size] * size
-    seen: dict[int, int] = {}
+    seen: dict[Any, int] = {}
     for i in range(size - 1, -1, -1):
         c = codes[i]
         nxt[i] = seen.get(c, size)
         seen[c] = i
-    i = 0
-    while i < size:
+    for i in range(size):
         p = nxt[i] - i
         if i + MIN_TRIPS * p <= size and p * MIN_TRIPS >= MIN_EQNS:
             body = codes[i:i + p]
@@ -150,22 +156,380 @@ def _run(graph: Graph, named: tuple) -> tuple[Form, int, list] | None:
                     codes[i + reps * p:i + (reps + 1) * p] == body:
                 reps += 1
             if reps >= MIN_TRIPS and p * reps >= MIN_EQNS:
-                pattern = _starts_pattern(starts, i, p, reps)
-                if pattern is None:
-                    return None
-                inside = _run_literals(lits, i, p, reps)
-                if inside is None:
-                    return None
-                # (the consts by identity: whoever keeps a form keeps them alive with it,
-                # as jit's families do in their graphs, so an id is never another array's;
-                # a function making a new constant array each trace has a new form each time)
-                form = Form(tuple(codes[:i]), tuple(body), tuple(codes[i + reps * p:]),
-                            tuple(outs), pattern, inside, tuple(graph.in_avals),
-                            tuple([id(c) for c in graph.consts]))
-                end = i + reps * p
-                return form, reps, [a for at, _, a in lits if at < i or at >= end]
-        i += 1
+                yield i, p, reps
+
+
+def _run(graph: Graph, named: tuple) -> tuple[Form, int, list] | None:
+    """loop_form of a graph named by _codes: its first run, blocks compared as named."""
+    codes = named[0]
+    for i, p, reps in _runs(codes):
+        return _form(graph, named, i, p, reps, tuple(codes[i:i + p]))
     return None
+
+
+def _hoisted(graph: Graph, named: tuple) -> tuple[Form, int, list] | None:
+    """loop_form when no blocks are equal as _codes names them: a step reading a value made
+    before the loop (`b * 2`, `xs @ U` then sliced) reads it from further back each step.
+    Runs are looked for with every value made in the graph left unnamed, then checked: per
+    body position and input, every block must read the same value made before the run
+    (named by where it is made) or the value as many equations back."""
+    eqns = graph.eqns
+    where = named[4]
+    table: dict[Any, int] = {}
+    coarse = []
+    for e in eqns:
+        ps = _eqn_params(e)
+        if ps is None:
+            return None
+        refs = tuple([(where[a.id] if where[a.id] < 0 else where[a.id] & 255)
+                      if type(a) is Var else a.aval.dtype.str for a in e.inputs])
+        key = (e.op, ps, tuple([v.aval for v in e.outvars]), refs)
+        coarse.append(table.setdefault(key, len(table)))
+    for i, p, reps in _runs(coarse):
+        body = _body_reads(graph, where, i, p, reps)
+        if body is not None:
+            return _form(graph, named, i, p, reps, body)
+    return None
+
+
+def _body_reads(graph: Graph, where: dict, i: int, p: int, reps: int) -> tuple | None:
+    """The run's body with each input named alike in every block (see _hoisted), or None."""
+    eqns = graph.eqns
+    body = []
+    for q in range(p):
+        e0 = eqns[i + q]
+        refs: list[Any] = []
+        for k, a in enumerate(e0.inputs):
+            if type(a) is Lit:
+                refs.append(a.aval.dtype.str)     # (values: _run_literals)
+                continue
+            w0 = where[a.id]
+            if w0 < 0:
+                refs.append(w0)     # a graph input (coarse codes equal: in every block)
+                continue
+            ws = [where[eqns[i + b * p + q].inputs[k].id] for b in range(reps)]
+            if (w0 >> 8) < i and all(w == w0 for w in ws):
+                refs.append(("made", w0))
+                continue
+            d = ((i + q) << 8) - w0
+            if any(((i + b * p + q) << 8) - w != d for b, w in enumerate(ws)):
+                return None
+            refs.append(d)
+        body.append((e0.op, _eqn_params(e0), tuple([v.aval for v in e0.outvars]),
+                     tuple(refs)))
+    return tuple(body)
+
+
+def _form(graph: Graph, named: tuple, i: int, p: int, reps: int, body: tuple
+          ) -> tuple[Form, int, list] | None:
+    """The form of the run at i (period p, reps blocks, `body` its first block's codes)."""
+    codes, starts, lits, outs, where = named
+    end = i + reps * p
+    last = (end - p) << 8
+    if all(type(a) is not Var or where[a.id] < 0 or where[a.id] >= last
+           for e in graph.eqns[end:] for a in e.inputs) and \
+            all(type(a) is not Var or where[a.id] < 0 or where[a.id] >= last
+                for a in graph.outvars):
+        # what follows the run reads only its last block: as _codes names it (how many
+        # equations back) it is the same at any length
+        tail, collapse, members = tuple(codes[end:]), None, ()
+    else:
+        # (named by value, _codes listed no literals: then none is named by its type)
+        after = _after(graph, where, i, p, reps, not lits)
+        if after is None:
+            return None
+        tail, outs, collapse, members = after
+    if collapse is not None:        # positions after the run as _after counts them
+        moved = []
+        for at, st in starts:
+            if at >= end:
+                off = at - end
+                if off in members:
+                    return None     # a slice per step after the loop: not described
+                at = end + collapse[off]
+            moved.append((at, st))
+        starts = moved
+    pattern = _starts_pattern(starts, i, p, reps)
+    if pattern is None:
+        return None
+    inside = _run_literals(lits, i, p, reps)
+    if inside is None:
+        return None
+    # (the consts by identity: whoever keeps a form keeps them alive with it, as jit's
+    # families do in their graphs, so an id is never another array's; a function making a
+    # new constant array each trace has a new form each time)
+    form = Form(_before(graph, named, i, reps, not lits), body, tail, tuple(outs), pattern,
+                inside, tuple(graph.in_avals), tuple([id(c) for c in graph.consts]))
+    return form, reps, [a for at, _, a in lits
+                        if at < i or at >= end and at - end not in members]
+
+
+def _before(graph: Graph, named: tuple, i: int, reps: int, values: bool) -> tuple:
+    """The equations before the run as _codes names them or, when some slice there is as
+    long as the run (`xs[:T]`), named again so that every length has one form: in that slice
+    and in what reads it, directly or not (`reshape(xs[:T], (T, H)) @ U`), each integer
+    equal to the run's length is written "n" and the types are left out (they follow from
+    the rest); the form with its length still says what every integer is."""
+    eqns = graph.eqns[:i]
+    grown: set[int] = set()     # variables whose types may change with the length
+    for e in eqns:
+        if e.op == "slice" and any(stop - start == reps for start, stop, _ in
+                                   e.params["index"]) or \
+                any(type(a) is Var and a.id in grown for a in e.inputs):
+            grown.update(v.id for v in e.outvars)
+    codes = named[0]
+    if not grown:
+        return tuple(codes[:i])
+    where = named[4]
+    out: list[Any] = []
+    for k, e in enumerate(eqns):
+        if e.outvars[0].id not in grown:
+            out.append(codes[k])
+            continue
+        here = k << 8
+        refs = tuple([(here - where[a.id] if where[a.id] >= 0 else where[a.id])
+                      if type(a) is Var else a.key() if values else a.aval.dtype.str
+                      for a in e.inputs])
+        out.append((e.op, _length_named(_eqn_params(e), reps), refs))
+    return tuple(out)     # (_eqn_params names what _codes did: it could name them all)
+
+
+def _length_named(x: Any, n: int) -> Any:
+    """`x` (nested tuples, as _eqn_params names params) with every integer n written "n"."""
+    if type(x) is int:
+        return "n" if x == n else x
+    if type(x) is tuple:
+        return tuple([_length_named(v, n) for v in x])
+    return x
+
+
+MAP_WIDTH = 4       # the most equations per step of a per-step map after a loop looked for
+
+
+def _eqn_params(e: Any) -> Any:
+    """An equation's params as _codes names them (a slice's starts left out), or None if
+    they cannot be hashed."""
+    params = e.params
+    if not params:
+        return ()
+    if e.op == "slice":
+        return ("slice", tuple([(stop - s, step) for s, stop, step in params["index"]]))
+    ps = _params_key(e.op, params)
+    try:
+        hash(ps)
+    except TypeError:
+        try:
+            ps = _params_key(e.op, params, True)
+            hash(ps)
+        except TypeError:
+            return None
+    return ps
+
+
+def _anchor(k: int, reps: int) -> tuple:
+    """Block boundary k (0..reps) of a run: from its start when in its first half, else from
+    its end (a stack of every step's value is (start 0, end 0) at any length)."""
+    return ("start", k) if 2 * k < reps else ("end", k - reps)
+
+
+def _after(graph: Graph, where: dict, i: int, p: int, reps: int, values: bool
+           ) -> tuple[tuple, tuple, dict, set] | None:
+    """The equations after the run and the graph's outputs, named free of the run's length:
+    a value made before the run by where it is made; one of the run by its block (from the
+    end), position and output; and a map over the steps — equal groups of up to MAP_WIDTH
+    equations, the k-th reading block c + k (`tg.stack(hs)`'s reshapes) — as one entry, with
+    its first and last block anchored (_anchor). An input list naming every output of such
+    a map in order, or values of consecutive blocks (`concatenate`), is one entry; what reads
+    it may have types that change with the length, so theirs are left out (they follow from
+    the rest). Returns (equations, outputs, after offset -> position among the entries, the
+    offsets inside maps), or None when something cannot be named so."""
+    eqns = graph.eqns
+    end = i + reps * p
+    rows = eqns[end:]
+    n_rows = len(rows)
+
+    def raw(a: Any, by_value: bool) -> Any:
+        if type(a) is Lit:
+            return ("lit", a.key() if values or by_value else a.aval.dtype.str)
+        w = where[a.id]
+        if w < 0:
+            return w
+        at, o = w >> 8, w & 255
+        if at < i:
+            return ("made", at, o)
+        if at < end:
+            k, q = divmod(at - i, p)
+            return ("run", k, q, o)
+        return ("after", at - end, o)
+
+    def element(j0: int, e: int, w: int) -> tuple | None:
+        """Group e of a would-be map at offset j0 of width w, named alike for every e."""
+        s = j0 + e * w
+        sig = []
+        reads = False
+        for t in range(w):
+            x = rows[s + t]
+            ps = _eqn_params(x)
+            if ps is None or x.op == "slice":
+                return None
+            refs = []
+            for a in x.inputs:
+                r = raw(a, True)
+                if type(r) is tuple:
+                    if r[0] == "run":
+                        r = ("step", r[1] - e, r[2], r[3])
+                        reads = True
+                    elif r[0] == "after":
+                        if r[1] >= s:
+                            r = ("own", r[1] - s, r[2])
+                        elif r[1] >= j0:
+                            return None     # reads an earlier group: a chain, not a map
+                        elif r[1] in members:     # a group of an earlier map
+                            mk, e2, t2 = members[r[1]]
+                            r = ("elem", mk, e2 - e, t2, r[2])
+                            reads = True
+                refs.append(r)
+            sig.append((x.op, ps, tuple([v.aval for v in x.outvars]), tuple(refs)))
+        return tuple(sig) if reads else None
+
+    maps: list[tuple] = []      # (offset, width, groups, first group's names)
+    members: dict[int, tuple] = {}      # offset -> (map, group, position in the group)
+    # (a map reads two blocks at least: most loops' after sections read only the last)
+    blocks = {(where[a.id] >> 8) - i for x in rows for a in x.inputs
+              if type(a) is Var and i <= where[a.id] >> 8 < end}
+    j = 0 if len({b // p for b in blocks}) > 1 else n_rows
+    while j < n_rows:
+        found = None
+        for w in range(1, MAP_WIDTH + 1):
+            if j + 2 * w > n_rows:
+                break
+            first = element(j, 0, w)
+            if first is None:
+                continue
+            m = 1
+            while j + (m + 1) * w <= n_rows and element(j, m, w) == first:
+                m += 1
+            if m >= 2:
+                found = (j, w, m, first)
+                break
+        if found is None:
+            j += 1
+        else:
+            j0, w, m, _ = found
+            for e in range(m):
+                for t in range(w):
+                    members[j0 + e * w + t] = (len(maps), e, t)
+            maps.append(found)
+            j += w * m
+    collapse: dict[Any, int] = {}
+    starts_at = {m[0]: k for k, m in enumerate(maps)}
+    j = n = 0
+    while j < n_rows:
+        k = starts_at.get(j)
+        if k is None:
+            collapse[j] = n
+            j += 1
+        else:
+            collapse[("map", k)] = n
+            j += maps[k][1] * maps[k][2]
+        n += 1
+
+    def named_after(r: tuple) -> tuple | None:
+        off = r[1]
+        if off in members:
+            return None
+        return ("after", collapse[off], r[2])
+
+    out: list = []
+    changing: set[int] = set()      # offsets whose types may change with the length
+    j = 0
+    while j < n_rows:
+        k = starts_at.get(j)
+        if k is not None:
+            j0, w, m, first = maps[k]
+            steps = [r[1] for _, _, _, refs in first for r in refs
+                     if type(r) is tuple and r[0] == "step"]
+            if steps:       # a map over blocks c .. c + m - 1
+                c = min(steps)
+                span: tuple = (_anchor(c, reps), _anchor(c + m, reps))
+            else:           # a map over the groups of an earlier map
+                c = 0
+                mk, d = next((r[1], r[2]) for _, _, _, refs in first for r in refs
+                             if type(r) is tuple and r[0] == "elem")
+                span = ("groups", collapse[("map", mk)], d, m - maps[mk][2])
+            sig = []
+            for op, ps, avals, refs in first:
+                names = []
+                for r in refs:
+                    kind = r[0] if type(r) is tuple else None
+                    if kind == "after":
+                        r = named_after(r)
+                        if r is None:
+                            return None
+                    elif kind == "step":      # relative to the map's first block
+                        r = ("step", r[1] - c, r[2], r[3])
+                    elif kind == "elem":
+                        r = ("elem", collapse[("map", r[1])]) + r[2:]
+                    names.append(r)
+                sig.append((op, ps, avals, tuple(names)))
+            out.append(("map", span, w, tuple(sig)))
+            j += w * m
+            continue
+        x = rows[j]
+        ps = _eqn_params(x)
+        if ps is None:
+            return None
+        refs = [raw(a, False) for a in x.inputs]
+        names = []
+        grows = False
+        y = 0
+        while y < len(refs):
+            r = refs[y]
+            kind = r[0] if type(r) is tuple else None
+            if kind == "after" and r[1] in members:
+                mk, e, t = members[r[1]]
+                j0, w, m, first = maps[mk]
+                if e != 0 or refs[y:y + m] != [("after", j0 + g * w + t, r[2])
+                                               for g in range(m)]:
+                    return None     # some outputs of a map, not all in order
+                names.append(("all", collapse[("map", mk)], t, r[2]))
+                grows = True
+                y += m
+                continue
+            if kind == "run":
+                _, b, q, o = r
+                g = 1
+                while y + g < len(refs) and refs[y + g] == ("run", b + g, q, o):
+                    g += 1
+                if g >= 2:
+                    names.append(("blocks", _anchor(b, reps), _anchor(b + g, reps), q, o))
+                    grows = True
+                    y += g
+                    continue
+                names.append(("run", _anchor(b, reps), q, o))
+            elif kind == "after":
+                grows = grows or r[1] in changing
+                names.append(named_after(r))
+            else:
+                names.append(r)
+            y += 1
+        if grows:
+            changing.add(j)
+        out.append((x.op, ps, None if grows else tuple([v.aval for v in x.outvars]),
+                    tuple(names)))
+        j += 1
+    outs = []
+    for a in graph.outvars:
+        r = a.key() if type(a) is Lit else raw(a, False)
+        kind = r[0] if type(r) is tuple else None
+        if kind == "run":
+            r = ("run", _anchor(r[1], reps), r[2], r[3])
+        elif kind == "after":
+            r = named_after(r)
+            if r is None:
+                return None
+        outs.append(r)
+    return tuple(out), tuple(outs), collapse, set(members)
 
 
 def _run_literals(lits: list[tuple], i: int, p: int, reps: int) -> tuple | None:
