@@ -180,7 +180,7 @@ def _getter(ins: tuple) -> Callable[[list], tuple]:
 class _Forward:
     """A template's equations as steps over local numbers: its inputs, then its constants,
     then the values its equations make."""
-    __slots__ = ("n_in", "consts", "steps", "outs", "n_local", "local")
+    __slots__ = ("n_in", "consts", "steps", "outs", "n_local", "local", "one")
 
     def __init__(self, tpl: tuple):
         in_ids, teqns, touts = tpl[0], tpl[1], tpl[2]
@@ -194,6 +194,13 @@ class _Forward:
         self.outs = [local[v.id] for v in touts if v is not None] if self.steps is not None \
             else None
         self.n_local = self.n_in + len(self.consts) + sum(len(s[2]) for s in self.steps or ())
+        # the commonest recipe — one single-output step over the inputs, no constants — is
+        # composed without a loop: (fn, getter, arity, equation)
+        self.one = None
+        if self.steps is not None and len(self.steps) == 1 and not self.consts:
+            fn, ins, outs, arity, te = self.steps[0]
+            if arity >= 0 and self.outs == [self.n_in]:
+                self.one = (fn, ins, arity, te)
 
 
 # How the composer treats a reverse-pass step (see _Backward)
@@ -209,7 +216,7 @@ class _Backward:
     a gradient contribution and nothing else, and FLIP, a shared 2-d transpose read only as
     the left operand of PRODUCTs — the composer defers both, so that a weight's per-step
     contributions `h_t^T @ g_t` can become one matmul of concatenations."""
-    __slots__ = ("consts", "steps", "grads", "infos")
+    __slots__ = ("consts", "steps", "grads", "infos", "flat", "pairs")
 
     def __init__(self, fwd: _Forward, bt: tuple):
         cts, eqns, atoms, infos = bt
@@ -246,6 +253,11 @@ class _Backward:
                     all(kinds[r] == PRODUCT and j == 0 for r, j in reads[out]):
                 kinds[i] = FLIP
         self.infos = [(op, kind) for (op, _), kind in zip(infos, kinds, strict=True)]
+        # per step what the composer reads, in one tuple: (fn, getter, arity, number of
+        # outputs, kind, equation, op); and (input, local number) per gradient made
+        self.flat = [(fn, ins, arity, len(outs), kind, te, op) for (fn, ins, outs, arity, te),
+                     (op, kind) in zip(self.steps or (), self.infos, strict=True)]
+        self.pairs = [(i, g) for i, g in enumerate(self.grads) if g is not None]
 
 
 def _forward_recipe(tpl: tuple) -> _Forward | None:
@@ -292,11 +304,39 @@ def _synth(op: str, ins: tuple, axis: int | None = None) -> tuple:
             shape = list(a.shape)
             shape[axis] *= len(ins)
             out = Aval(tuple(shape), a.dtype)
+            v = Var(a)      # (one variable read n times: only the types are read)
+            e = Eqn(op, [v] * len(ins), [Var(out)], params, None)
         else:
             out = OPS[op].rule(*ins, **params)
-        e = Eqn(op, [Var(a) for a in ins], [Var(out)], params, None)
-        hit = _synthetic[key] = (_step_fn(e, False), e)
+            e = Eqn(op, [Var(a) for a in ins], [Var(out)], params, None)
+        hit = _synthetic[key] = (_synth_fn(op, ins, out, axis) or _step_fn(e, False), e)
     return hit
+
+
+_concatenate: dict = {}     # axis -> step function
+
+
+def _synth_fn(op: str, ins: tuple, out: Aval, axis: int | None) -> Callable | None:
+    """The function ir.Program picks for a composer-made equation (interpret._fast_fn), found
+    without its general lookup (a new length makes new concatenations: this is their cost).
+    None where that lookup is needed."""
+    if not out.shape or any(a.dtype != out.dtype for a in ins):
+        return None
+    if op == "concatenate":
+        fn = _concatenate.get(axis)
+        if fn is None:
+            fn = _concatenate[axis] = lambda *xs: np.concatenate(xs, axis)
+        return fn
+    if op == "matmul" and len(ins[0].shape) == 2 and len(ins[1].shape) == 2 and \
+            out.dtype.kind == "f" and ins[0].shape[1] != 1:
+        return _interp._dot
+    if op == "transpose" and len(ins[0].shape) == 2:
+        return _flip
+    return None
+
+
+def _flip(x: np.ndarray) -> np.ndarray:
+    return x.transpose((1, 0))
 
 
 # ---- plans -------------------------------------------------------------------------------
@@ -385,6 +425,7 @@ class _Composer:
         self.shared: dict[tuple, Any] = {}      # (recipe step, input slots) -> output slots
         self.concats: dict[tuple, int] = {}     # (axis, operand slots) -> concatenation
         self.avals: dict[int, Aval] = {}        # slot -> type, of the slots merges make
+        self.recipe_consts: dict[int, tuple] = {}   # id(recipe's constants) -> (them, slots)
 
     def const(self, key: Any, value: Any, what: Any) -> int:
         k = self.const_slots.get(key)
@@ -395,11 +436,16 @@ class _Composer:
         return k
 
     def _consts(self, loc: list, consts: list) -> None:
-        """Append the slots of a recipe's constants to `loc`."""
-        const_slots = self.const_slots
-        for key, value, what in consts:
-            k = const_slots.get(key)
-            loc.append(k if k is not None else self.const(key, value, what))
+        """Append the slots of a recipe's constants to `loc` (found once per recipe)."""
+        hit = self.recipe_consts.get(id(consts))
+        if hit is None:     # (kept with the list, so its id is not reused while we look)
+            const_slots = self.const_slots
+            slots = []
+            for key, value, what in consts:
+                k = const_slots.get(key)
+                slots.append(k if k is not None else self.const(key, value, what))
+            hit = self.recipe_consts[id(consts)] = (consts, slots)
+        loc += hit[1]
 
     def _emit(self, fn: Any, ins: tuple, te: Eqn, source: Any, op: Any = None) -> int:
         out = self.n
@@ -426,6 +472,16 @@ class _Composer:
             loc = [vslot[args[0][0].id]]
         else:
             loc = [vslot[e[0].id] for e in args]
+        one = fwd.one
+        if one is not None and len(loc) == fwd.n_in:
+            fn, ins, arity, te = one
+            k = self.n
+            self.steps.append((fn, ins(loc), k, arity))
+            self.meta.append((te, n.src, None))
+            loc.append(k)
+            self.n = k + 1
+            vslot[n.out_vars[0].id] = k
+            return loc
         if fwd.consts:
             del loc[fwd.n_in:]
             self._consts(loc, fwd.consts)
@@ -487,7 +543,7 @@ class _Composer:
         shared, src = self.shared, n.src
         steps, meta = self.steps, self.meta
         k = self.n
-        for (fn, ins, outs_, arity, te), (op, kind) in zip(bwd.steps, bwd.infos):
+        for fn, ins, arity, n_outs, kind, te, op in bwd.flat:
             ins = ins(loc)
             if kind:
                 if kind == PRODUCT:     # left operand: a slot or a FLIP
@@ -510,16 +566,17 @@ class _Composer:
                 k += 1
                 loc.append(out)
             else:
-                out = tuple(range(k, k + len(outs_)))
-                k += len(outs_)
+                out = tuple(range(k, k + n_outs))
+                k += n_outs
                 loc += out
             steps.append((fn, ins, out, arity))
             meta.append((te, src, op))
             if kind:
                 shared[key] = out
         self.n = k
-        for (var, gsrc, _), g in zip(args, bwd.grads):
-            if g is not None and gsrc is not None:
+        for i, g in bwd.pairs:
+            var, gsrc, _ = args[i]
+            if gsrc is not None:
                 s = vslot[var.id]
                 t = terms.get(s)
                 if t is None:
@@ -558,12 +615,17 @@ class _Composer:
             if all(t[3] is te for t in products):   # one recipe step: one type
                 terms = [self._merge(products)] + [t for t in terms if type(t) is not tuple]
             else:
+                types: dict[int, tuple] = {}    # recipe step -> operand types (few of them)
                 alike: dict[tuple, list] = {}
                 for t in products:
-                    alike.setdefault((t[3].inputs[0].aval, t[3].inputs[1].aval), []).append(t)
+                    te = t[3]
+                    ty = types.get(id(te))
+                    if ty is None:
+                        ty = types[id(te)] = (te.inputs[0].aval, te.inputs[1].aval)
+                    alike.setdefault(ty, []).append(t)
                 merged = [self._merge(group) for group in alike.values() if len(group) >= 3]
                 terms = merged + [t for t in terms if type(t) is not tuple or
-                                  len(alike[(t[3].inputs[0].aval, t[3].inputs[1].aval)]) < 3]
+                                  len(alike[types[id(t[3])]]) < 3]
         total = self._slot(terms[0])
         fn, te = _synth("add", (aval, aval))
         for t in terms[1:]:
