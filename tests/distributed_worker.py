@@ -5,11 +5,17 @@
               training on the global batch reaches; rank 0 prints `RESULT {json}`
     mismatch  rank 1 builds a wider model: broadcast must fail on every rank, naming it
     raise     rank 1 raises mid-training while rank 0 waits in an all-reduce: all must exit
+    exit      rank 1 calls sys.exit(3) mid-training while rank 0 waits in an all-reduce: rank
+              0 must raise RankExited naming rank 1 and code 3, and the job must fail
+    end       rank 1's script ends before DistributedDataParallel's broadcast that the other
+              ranks wait in: they must raise RankExited, not wait forever
+    late      rank 1 ends just after an all-reduce while rank 0 works on: a clean exit
 """
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 import numpy as np
 
@@ -33,13 +39,15 @@ def make_model(seed: int, hidden: int = H) -> tg.nn.Module:
 
 
 def train_tensor(model: tg.nn.Module, sampler: dist.DistributedSampler, sync: bool,
-                 fail_rank: int = -1) -> dict[str, np.ndarray]:
+                 fail_rank: int = -1, exit_code: int | None = None) -> dict[str, np.ndarray]:
     x, y = data()
     optimizer = tg.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     for step in range(STEPS):
         sampler.set_epoch(step // len(sampler))
         idx = list(sampler)[step % len(sampler)]
         if step == 2 and dist.get_rank() == fail_rank:
+            if exit_code is not None:
+                sys.exit(exit_code)
             raise RuntimeError(f"deliberate failure on rank {fail_rank}")
         optimizer.zero_grad()
         loss = F.cross_entropy(model(tg.tensor(x[idx])), tg.tensor(y[idx]))
@@ -110,5 +118,28 @@ def fail() -> None:
     train_tensor(ddp, dist.DistributedSampler(N, BATCH, seed=1), sync=True, fail_rank=1)
 
 
+def exit_mid_training() -> None:
+    dist.init()
+    ddp = dist.DistributedDataParallel(make_model(0))
+    train_tensor(ddp, dist.DistributedSampler(N, BATCH, seed=1), sync=True, fail_rank=1,
+                 exit_code=3)
+
+
+def end_before_broadcast() -> None:
+    world = dist.init()
+    if world.rank == 1:
+        return
+    dist.DistributedDataParallel(make_model(0))
+
+
+def end_after_allreduce() -> None:
+    world = dist.init()
+    total = dist.allreduce_sum(np.ones(1 << 20, np.float32))
+    if world.rank == 0:
+        time.sleep(0.5)       # rank 1 has exited by now: its notice must not fail rank 0
+        print(f"rank 0 done: {float(total[0])}", flush=True)
+
+
 if __name__ == "__main__":
-    {"train": train, "mismatch": mismatch, "raise": fail}[sys.argv[1]]()
+    {"train": train, "mismatch": mismatch, "raise": fail, "exit": exit_mid_training,
+     "end": end_before_broadcast, "late": end_after_allreduce}[sys.argv[1]]()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import pickle
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -20,23 +21,39 @@ from tracegrad.distributed import world as W
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
 
 
+class Done:
+    """A request of the fake communicator: already complete."""
+
+    def Wait(self):
+        pass
+
+
 class FakeComm:
-    """Two ranks holding identical data: Allreduce doubles, allgather repeats (or serves
-    `others` as rank 1's contribution)."""
+    """Two ranks holding identical data: an all-reduce doubles, an all-gather repeats (or
+    serves `others`, pickled, as rank 1's contribution)."""
 
     def __init__(self, others=None):
         self.calls: list[tuple] = []
-        self.others = others
+        self.others = None if others is None else pickle.dumps(others)
 
-    def Allreduce(self, sendbuf, buf, op):
+    def Iallreduce(self, sendbuf, buf, op):
         self.calls.append(("Allreduce", buf.dtype, buf.size))
         buf *= 2
+        return Done()
 
-    def Bcast(self, buf, root):
+    def Ibcast(self, buf, root):
         self.calls.append(("Bcast", buf.dtype, buf.size))
+        return Done()
 
-    def allgather(self, obj):
-        return [obj, self.others if self.others is not None else obj]
+    def Iallgather(self, mine, sizes):
+        sizes[:] = [mine[0], mine[0] if self.others is None else len(self.others)]
+        return Done()
+
+    def Iallgatherv(self, mine, recv):
+        out, _ = recv
+        theirs = mine.tobytes() if self.others is None else self.others
+        out[:] = np.frombuffer(mine.tobytes() + theirs, np.uint8)
+        return Done()
 
 
 @pytest.fixture
@@ -189,12 +206,13 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in W.LAUNCHER_VARS}
 
 
-def _run(mpiexec: str, n: int, mode: str) -> subprocess.CompletedProcess:
+def _run(mpiexec: str, n: int, mode: str, timeout: int = 60) -> subprocess.CompletedProcess:
     try:
         return subprocess.run([mpiexec, "-n", str(n), sys.executable, WORKER, mode],
-                              capture_output=True, text=True, timeout=60, env=_env())
+                              capture_output=True, text=True, timeout=timeout, env=_env())
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"mpiexec -n {n} {mode} hung (no exit within 60 s): {e.stderr!r:.2000}")
+        pytest.fail(f"mpiexec -n {n} {mode} hung (no exit within {timeout} s): "
+                    f"{e.stderr!r:.2000}")
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -221,6 +239,30 @@ def test_a_failing_rank_stops_every_rank(mpiexec):
     assert r.returncode != 0
     assert "RuntimeError: deliberate failure on rank 1" in r.stderr
     assert "rank 1 of 2 failed" in r.stderr and "aborting all 2 ranks" in r.stderr
+
+
+# a run takes 1-3 s; a hang (MPI_Finalize on the exited rank, the collective on the others)
+# is cut off at 30 s
+def test_a_rank_calling_sys_exit_fails_the_others_naming_it(mpiexec):
+    r = _run(mpiexec, 2, "exit", timeout=30)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert ("RankExited: rank 1 of 2 exited with code 3 (sys.exit) while rank 0 waited for it "
+            "in allreduce_sum") in r.stderr, r.stderr
+    assert "aborting all 2 ranks" in r.stderr
+
+
+def test_a_rank_whose_script_ends_early_fails_the_others(mpiexec):
+    r = _run(mpiexec, 3, "end", timeout=30)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert ("RankExited: rank 1 of 3 exited without calling sys.exit (its script ended"
+            in r.stderr), r.stderr
+    assert "waited for it in broadcast (collective #1; rank 1 took part in 0)" in r.stderr
+
+
+def test_a_rank_ending_after_its_last_collective_is_a_clean_exit(mpiexec):
+    r = _run(mpiexec, 2, "late", timeout=30)
+    assert r.returncode == 0 and "rank 0 done: 2.0" in r.stdout, r.stdout + r.stderr
+    assert "RankExited" not in r.stderr
 
 
 def test_train_ddp_example_runs_on_two_ranks(mpiexec):

@@ -3,25 +3,27 @@ call (one MPI message per dtype, not one per parameter), and leaves come back as
 that buffer, in the tree's structure and leaf types (numpy arrays or Tensors)."""
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import numpy as np
 
 from ..tracer.pytree import TreeDef, tree_flatten, tree_unflatten
 from ..tracer.tensor import Tensor
-from .world import get_world
+from .failures import wait
+from .world import World, get_world
 
 
 def allreduce_sum(tree: Any) -> Any:
     """The elementwise sum of `tree` over all ranks, on every rank. In a world of one
     process the tree itself comes back (no copy)."""
-    return _allreduce(tree, mean=False)
+    return _allreduce(tree, mean=False, what="allreduce_sum")
 
 
 def allreduce_mean(tree: Any) -> Any:
     """The elementwise mean of `tree` over all ranks, on every rank (integer leaves give
     float64 means, as `np.mean`)."""
-    return _allreduce(tree, mean=True)
+    return _allreduce(tree, mean=True, what="allreduce_mean")
 
 
 def allreduce_grads(grads: Any) -> Any:
@@ -49,12 +51,12 @@ def broadcast(tree: Any, root: int = 0) -> Any:
     if world.size == 1:
         return _rebuild(td, leaves, [a.copy() for a in arrays])
     signature = (repr(td), leaf_paths(td), [(a.shape, a.dtype.str) for a in arrays])
-    _check_same(world.comm.allgather(signature), root)
+    _check_same(_allgather_object(world, signature, "broadcast"), root)
     groups = _by_dtype(arrays)
     out: list[np.ndarray | None] = [None] * len(arrays)
     for dtype, idx in groups.items():
         buf = _pack(arrays, idx, dtype) if world.rank == root else _empty(arrays, idx, dtype)
-        world.comm.Bcast(buf, root=root)
+        wait(world.comm.Ibcast(buf, root=root), "broadcast")
         _unpack(buf, arrays, idx, out)
     return _rebuild(td, leaves, out)
 
@@ -72,7 +74,7 @@ def leaf_paths(td: TreeDef, prefix: str = "") -> list[str]:
 
 # -- the fused buffer ----------------------------------------------------------------------
 
-def _allreduce(tree: Any, mean: bool) -> Any:
+def _allreduce(tree: Any, mean: bool, what: str) -> Any:
     world = get_world()
     leaves, td = tree_flatten(tree)
     arrays = [_array(x) for x in leaves]
@@ -86,7 +88,7 @@ def _allreduce(tree: Any, mean: bool) -> Any:
     for dtype, idx in _by_dtype(arrays).items():
         buf = _pack(arrays, idx, dtype)
         if world.size > 1:
-            world.comm.Allreduce(world.MPI.IN_PLACE, buf, op=world.MPI.SUM)
+            wait(world.comm.Iallreduce(world.MPI.IN_PLACE, buf, op=world.MPI.SUM), what)
         if mean:
             if dtype.kind in "fc":
                 buf /= world.size
@@ -94,6 +96,19 @@ def _allreduce(tree: Any, mean: bool) -> Any:
                 buf = buf / world.size
         _unpack(buf, arrays, idx, out)
     return _rebuild(td, leaves, out)
+
+
+def _allgather_object(world: World, obj: Any, what: str) -> list[Any]:
+    """Every rank's `obj`, in rank order (mpi4py's `allgather` blocks where `wait` cannot
+    watch it: this is the same in two nonblocking steps, sizes then bytes)."""
+    data = np.frombuffer(pickle.dumps(obj), np.uint8)
+    sizes = np.zeros(world.size, np.int64)
+    wait(world.comm.Iallgather(np.array([data.size], np.int64), sizes), what)
+    gathered = np.empty(int(sizes.sum()), np.uint8)
+    wait(world.comm.Iallgatherv(data, [gathered, sizes.tolist()]), what)
+    ends = np.cumsum(sizes)
+    return [pickle.loads(gathered[end - n:end].tobytes())
+            for n, end in zip(sizes.tolist(), ends.tolist(), strict=True)]
 
 
 def _array(x: Any) -> np.ndarray:

@@ -1,24 +1,21 @@
 """The process group: which rank this process is among how many, from MPI (mpi4py) when
-launched by `mpirun`/`mpiexec`/`srun`, else a world of one process. Owns the MPI import, the
-per-rank thread count and the abort-on-exception hook that keeps a failing rank from
-leaving the others hung in a collective."""
+launched by `mpirun`/`mpiexec`/`srun`, else a world of one process. Owns the MPI import and
+the per-rank thread count; joining a world of several ranks installs failures.py's hooks."""
 from __future__ import annotations
 
 import os
 import sys
 import threading
-import time
-import traceback
 from dataclasses import dataclass
 from typing import Any
+
+from .failures import abort_on_uncaught, wait, watch_exits
 
 # Variables that MPI launchers set in every process they start (MPICH/Intel hydra, Open MPI,
 # PMIx, Slurm). Their presence means "there may be other ranks": a silent one-process
 # fallback would then train N independent models.
 LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
                  "MPI_LOCALNRANKS", "SLURM_PROCID")
-
-ABORT_GRACE_S = 0.5     # how long a failing rank waits for its traceback to be forwarded
 
 INSTALL_HINT = "pip install 'tracegrad[mpi]'  (mpi4py and the MPICH wheels)"
 
@@ -64,7 +61,10 @@ def init(comm: Any = None, *, set_threads: bool = True, abort_on_error: bool = T
     MPI is not touched, so the same script runs both ways. With `set_threads`, ranks that
     share a host split its cores between them (unless TRACEGRAD_NUM_THREADS is set). With
     `abort_on_error`, an uncaught exception on any rank prints its traceback and aborts
-    every rank (MPI_Abort) instead of leaving the others waiting forever."""
+    every rank (MPI_Abort) instead of leaving the others waiting forever. Either way, a rank
+    that exits (`sys.exit`, or its script ends) while another waits for it in a tracegrad
+    collective (allreduce, broadcast, barrier) makes that one raise `RankExited`, naming
+    the rank and its exit code; raw `world.comm` calls are not watched."""
     global _world
     with _lock:
         if _world is not None:
@@ -79,8 +79,9 @@ def init(comm: Any = None, *, set_threads: bool = True, abort_on_error: bool = T
     if _world.size > 1:
         if set_threads:
             _split_threads(_world.local_size)
+        watch_exits(_world)
         if abort_on_error:
-            _install_abort_hook(_world)
+            abort_on_uncaught(_world)
     return _world
 
 
@@ -101,7 +102,7 @@ def barrier() -> None:
     """Wait until every rank gets here."""
     w = get_world()
     if w.comm is not None and w.size > 1:
-        w.comm.Barrier()
+        wait(w.comm.Ibarrier(), "barrier")
 
 
 def mpi() -> Any:
@@ -139,20 +140,3 @@ def _split_threads(local_size: int) -> None:
         return
     from ..runtime import set_num_threads
     set_num_threads(max(1, (os.cpu_count() or 1) // local_size))
-
-
-def _install_abort_hook(world: World) -> None:
-    def abort_all(kind: type, value: BaseException, tb: Any) -> None:
-        try:
-            text = "".join(traceback.format_exception(kind, value, tb)) + (
-                f"tracegrad.distributed: rank {world.rank} of {world.size} failed with "
-                f"{kind.__name__}: {value}\ntracegrad.distributed: aborting all "
-                f"{world.size} ranks (MPI_Abort)\n")
-            sys.stderr.flush()
-            os.write(2, text.encode(errors="replace"))   # one write: ranks do not interleave
-            # the launcher drops output still in its pipes once it sees the abort
-            time.sleep(ABORT_GRACE_S)
-        finally:
-            world.comm.Abort(1)
-
-    sys.excepthook = abort_all
