@@ -3,6 +3,7 @@ compile logs, argument checking and the Executable's attributes."""
 import gc
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -49,14 +50,33 @@ def cache_dir(tmp_path, monkeypatch):
     runtime.clear_memory_cache()
 
 
+def snapshot(tmp_path) -> str:
+    """A copy of the package for child processes to import. The working tree may be edited
+    while the suite runs (other work going on), and an edit to codegen/ or runtime/ rightly
+    changes the cache key (backend_revision): two processes must run the same code for the
+    second to find the first one's entry."""
+    dest = tmp_path / "src"
+    shutil.copytree(os.path.join(ROOT, "tracegrad"), dest / "tracegrad",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return str(dest)
+
+
+def run_child(src: str, code: str, *argv: str) -> str:
+    env = dict(os.environ, PYTHONPATH=src, PYTHONDONTWRITEBYTECODE="1")
+    # run from `src`: `python -c` puts the working directory first on sys.path
+    res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                         env=env, cwd=src, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
 def test_second_process_compiles_nothing(cache_dir):
-    g = make_graph(2.0)   # noqa: F821 - defined by exec above
-    before = runtime.stats.compiles
-    expected = runtime.run_graph(g, args())
-    assert runtime.stats.compiles == before + 1
+    src = snapshot(cache_dir)
     child = GRAPH_SRC + textwrap.dedent("""
         import sys
+        import tracegrad
         from tracegrad import runtime
+        assert tracegrad.__file__.startswith(sys.argv[2]), tracegrad.__file__
         rng = np.random.default_rng(0)
         a = [rng.standard_normal((3, 4)).astype("f4"), rng.standard_normal((4, 2)).astype("f4"),
              np.float32(1.0)]
@@ -64,13 +84,31 @@ def test_second_process_compiles_nothing(cache_dir):
         np.save(sys.argv[1], out[2])
         print(runtime.stats.compiles, runtime.stats.disk_hits)
     """)
-    out_file = str(cache_dir / "dw.npy")
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    res = subprocess.run([sys.executable, "-c", child, out_file], capture_output=True,
-                         text=True, env=env, timeout=120)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["0", "1"]
-    np.testing.assert_array_equal(np.load(out_file), expected[2])
+    first, second = (str(cache_dir / name) for name in ("first.npy", "second.npy"))
+    assert run_child(src, child, first, src).split() == ["1", "0"]
+    assert run_child(src, child, second, src).split() == ["0", "1"]
+    np.testing.assert_array_equal(np.load(second), np.load(first))
+    expected = ir.interpret(make_graph(2.0), args())   # noqa: F821
+    np.testing.assert_allclose(np.load(first), expected[2], rtol=1e-5, atol=1e-6)
+
+
+def test_cache_key_describes_the_code_loaded_not_the_files_now(tmp_path):
+    # object code compiled by a process must not be filed under the key of source edited
+    # after that process imported it: a process running the edited code would load it
+    src = snapshot(tmp_path)
+    module = os.path.join(src, "tracegrad", "codegen", "module.py")
+    edit_after_import = textwrap.dedent(f"""
+        import tracegrad
+        from tracegrad.runtime import cache
+        assert tracegrad.__file__.startswith({src!r}), tracegrad.__file__
+        with open({module!r}, "a") as f:
+            f.write("\\n# edited after this process imported the code generator\\n")
+        print(cache.backend_revision())
+    """)
+    loaded = run_child(src, edit_after_import).strip()
+    edited = run_child(src, "from tracegrad.runtime import cache; "
+                            "print(cache.backend_revision())").strip()
+    assert loaded != edited
 
 
 def test_corrupt_entry_is_rebuilt_with_a_warning(cache_dir):

@@ -8,7 +8,6 @@ is reported with a warning and rebuilt."""
 from __future__ import annotations
 
 import collections
-import functools
 import hashlib
 import json
 import os
@@ -35,10 +34,16 @@ from .target import emit_assembly, target_id
 MAGIC = b"TGOBJ001"
 
 
-@functools.cache
 def backend_revision() -> str:
     """A digest of the code generator's and the runtime's source (the pass pipeline, the BLAS
-    binding) and of llvmlite's version: editing any of them invalidates cached object code."""
+    binding) and of llvmlite's version: editing any of them invalidates cached object code.
+    It is of the source this process imported (taken when this module loads, after codegen/
+    and the rest of runtime/): read later, it would file code compiled by the old modules
+    under the edited files' key, where a process running the new code would load it."""
+    return _BACKEND_REVISION
+
+
+def _source_digest() -> str:
     import llvmlite
 
     from .. import codegen
@@ -49,6 +54,9 @@ def backend_revision() -> str:
                 with open(os.path.join(folder, name), "rb") as f:
                     h.update(name.encode() + f.read())
     return h.hexdigest()[:16]
+
+
+_BACKEND_REVISION = _source_digest()
 
 
 def cache_dir() -> str:
