@@ -513,3 +513,16 @@ def test_reads_after_the_loop_named_by_their_step(data):
     step = _check(lambda: tg.value_and_grad(head, argnums=(0, 1)), data,
                   [8, 12, 10, 16, 9, 14])
     assert _templated(step)
+
+
+def test_two_layer_rnn_gets_a_template(data):
+    def two_layer(W, U, xs, T):
+        h1 = tg.zeros((1, H))
+        h2 = tg.zeros((1, H))
+        for t in range(T):
+            h1 = tg.tanh(h1 @ W + xs[t] @ U)
+            h2 = tg.tanh(h2 @ U + h1 @ W)
+        return tg.sum(h2 * h2)
+    step = _check(lambda: tg.value_and_grad(two_layer, argnums=(0, 1)), data,
+                  [5, 12, 8, 15, 11, 7, 3])
+    assert _templated(step)

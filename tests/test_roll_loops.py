@@ -81,6 +81,34 @@ def test_rolled_rnn_gradients_match_the_unrolled_ones(T):
             np.testing.assert_array_equal(a, b)
 
 
+def two_layer(W, U, xs, T):
+    h1 = tg.zeros((1, W.shape[0]), dtype=W.dtype)
+    h2 = tg.zeros((1, W.shape[0]), dtype=W.dtype)
+    for t in range(T):
+        h1 = tg.tanh(h1 @ W + xs[t] @ U)
+        h2 = tg.tanh(h2 @ U + h1 @ W)     # (h1 @ W twice a step: equal matmuls)
+    return tg.sum(h2 * h2)
+
+
+@pytest.mark.parametrize("T", [5, 9])
+def test_two_layer_rnn_rolls(T):
+    """Sorted by depth, a two-layer step is three equal matmuls, two adds and two tanhs: the
+    period is found past the next equal equation (the group's next), so it rolls, and its
+    values and gradients are the unrolled ones."""
+    W, U, xs = _rnn_args()
+    g = _graph(lambda W, U, xs: two_layer(W, U, xs, T), W, U, xs)
+    r = ir.roll_loops(g)
+    ir.verify(r)
+    (scan,) = _scans(r)
+    assert scan.params["length"] >= T - 2
+    np.testing.assert_allclose(ir.interpret(r, [W, U, xs])[0], ir.interpret(g, [W, U, xs])[0],
+                               rtol=1e-13, atol=0)
+    want = ir.interpret(ir.vjp_graph(g, [0, 1, 2]), [W, U, xs, np.array(1.0)])
+    got = ir.interpret(ir.vjp_graph(r, [0, 1, 2]), [W, U, xs, np.array(1.0)])
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
+
+
 def test_grad_of_a_loop_against_finite_differences():
     W, U, xs = _rnn_args(H=3, n=8)
     check_grads(lambda W, U, xs: rnn(W, U, xs, 7), (W, U, xs), order=2, modes=("rev",))

@@ -140,7 +140,13 @@ def roll_loops(graph: Graph, min_trips: int = MIN_TRIPS, min_eqns: int = MIN_EQN
     rolled = False
     i = 0
     while i < n:
-        p = nxt[i] - i
+        # the period: to the next equal equation far enough on (in a block whose equations
+        # come in equal groups, such as two layers' `h @ W`, the next equal one is the
+        # group's next)
+        j = nxt[i]
+        while j < n and (j - i) * min_trips < min_eqns:
+            j = nxt[j]
+        p = j - i
         if i + min_trips * p <= n and p * min_trips >= min_eqns and \
                 failed.get((keys[i], p), -1) < i + min_trips * p:
             body_keys = keys[i:i + p]
@@ -151,13 +157,15 @@ def roll_loops(graph: Graph, min_trips: int = MIN_TRIPS, min_eqns: int = MIN_EQN
                 blocks = [order[i + k * p:i + (k + 1) * p] for k in range(reps)]
                 end = i + reps * p
                 # the loop's first step may have begun before the blocks found
-                turned = _rotate(blocks, order, end, producer, key_of, uses)
+                turned = _rotate(blocks, order, end, producer, key_of, uses) \
+                    if _carried(blocks) else None
                 if turned is not None:
                     blocks, flow, pre, end = turned
                     sunk.update(id(e) for e in pre)
                 else:
                     # a flow that fails in some blocks fails in all: first tried on three
-                    flow = _flow(blocks) if len(blocks) < 6 or _flow(blocks[:3]) else None
+                    flow = None if not _carried(blocks) else \
+                        _flow(blocks) if len(blocks) < 6 or _flow(blocks[:3]) else None
                 if flow is not None:    # move the steps' own work on their inputs in
                     kept = [list(blk) for blk in blocks]
                     moved = _sink(flow[2], blocks, producer, key_of, uses, order)
@@ -188,6 +196,13 @@ def roll_loops(graph: Graph, min_trips: int = MIN_TRIPS, min_eqns: int = MIN_EQN
     if any(e.op == "concatenate" for e in out):
         rolled_graph = join_rows(rolled_graph)
     return rolled_graph
+
+
+def _carried(blocks: list[list[Eqn]]) -> bool:
+    """Whether the second block reads a value the first makes (no loop, turned or not,
+    without: equal independent steps, such as every step's `xs[t]`)."""
+    made = {v.id for e in blocks[0] for v in e.outvars}
+    return any(type(a) is Var and a.id in made for e in blocks[1] for a in e.inputs)
 
 
 def _rotate(blocks: list[list[Eqn]], order: list[Eqn], end: int,
