@@ -463,7 +463,7 @@ def test_a_slice_as_long_as_the_loop_before_it_keeps_one_form(data):
 
 
 @pytest.mark.parametrize("kind", ["stack", "mean", "shifted", "concat", "mapped", "losses",
-                                  "first"])
+                                  "first", "sum", "chain"])
 def test_values_of_every_step_read_after_the_loop(data, kind):
     """After the loop, `tg.stack(hs)` (a reshape per step, then one concatenate of T
     values), maps over the steps and reads of the first step are named free of the length:
@@ -482,6 +482,13 @@ def test_values_of_every_step_read_after_the_loop(data, kind):
             return tg.sum(tg.stack([tg.sin(h) for h in hs]) * tg.stack([h * 2.0 for h in hs]))
         if kind == "losses":
             return tg.sum(tg.stack([tg.sum(h * h) for h in hs]))
+        if kind == "sum":           # Python's sum: 0 + l_0, then a chain over the steps
+            return sum([tg.sum(h * h) for h in hs]) / 2.0
+        if kind == "chain":         # a chain whose last value is read
+            m = hs[0]
+            for h in hs[1:]:
+                m = tg.maximum(m, h * 0.5)
+            return tg.sum(m * hs[-1])
         return tg.sum(hs[0] * hs[-1])
     W, U, xs = data
     forms = {loop_form(trace(f, (W, U, xs, T), (3,))[0].graph)[0] for T in (5, 6, 9)}
@@ -505,11 +512,17 @@ def test_reads_after_the_loop_named_by_their_step(data):
         hs = _hs(W, U, xs, T)
         return tg.sum(tg.stack(hs[:3]) ** 2)
 
+    def reversed_every_other(W, U, xs, T):
+        hs = _hs(W, U, xs, T)
+        return tg.sum(tg.stack(hs[::-1]) * tg.stack(hs)) + tg.sum(tg.stack(hs[::2]))
+
     def form(f, T):
         return loop_form(trace(f, (W, U, xs, T), (3,))[0].graph)[0]
     assert form(middle, 8) != form(middle, 12)
     assert form(head, 8) == form(head, 12) != form(rnn, 8)
     _check(lambda: tg.value_and_grad(middle, argnums=(0, 1)), data, [8, 12, 10, 16, 9, 14])
+    _check(lambda: tg.value_and_grad(reversed_every_other, argnums=(0, 1)), data,
+           [8, 12, 10, 16, 9, 14, 11])
     step = _check(lambda: tg.value_and_grad(head, argnums=(0, 1)), data,
                   [8, 12, 10, 16, 9, 14])
     assert _templated(step)

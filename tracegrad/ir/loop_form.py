@@ -382,8 +382,13 @@ def _after(graph: Graph, where: dict, i: int, p: int, reps: int, values: bool
                     elif r[0] == "after":
                         if r[1] >= s:
                             r = ("own", r[1] - s, r[2])
+                        elif r[1] >= s - w and (e or s >= w and all(
+                                k not in members for k in range(s - w, s))):
+                            # the group before (the first's: the equations before the map):
+                            # a chain over the steps, such as Python's sum(losses)
+                            r = ("prev", r[1] - (s - w), r[2])
                         elif r[1] >= j0:
-                            return None     # reads an earlier group: a chain, not a map
+                            return None     # reads a group before the previous one
                         elif r[1] in members:     # a group of an earlier map
                             mk, e2, t2 = members[r[1]]
                             r = ("elem", mk, e2 - e, t2, r[2])
@@ -434,10 +439,11 @@ def _after(graph: Graph, where: dict, i: int, p: int, reps: int, values: bool
             j += maps[k][1] * maps[k][2]
         n += 1
 
-    def named_after(r: tuple) -> tuple | None:
+    def named_after(r: tuple) -> tuple:
         off = r[1]
-        if off in members:
-            return None
+        if off in members:      # one group of a map (the last of a chain): by its place
+            mk, e, t = members[off]
+            return ("group", collapse[("map", mk)], _anchor(e, maps[mk][2]), t, r[2])
         return ("after", collapse[off], r[2])
 
     out: list = []
@@ -464,8 +470,6 @@ def _after(graph: Graph, where: dict, i: int, p: int, reps: int, values: bool
                     kind = r[0] if type(r) is tuple else None
                     if kind == "after":
                         r = named_after(r)
-                        if r is None:
-                            return None
                     elif kind == "step":      # relative to the map's first block
                         r = ("step", r[1] - c, r[2], r[3])
                     elif kind == "elem":
@@ -489,13 +493,12 @@ def _after(graph: Graph, where: dict, i: int, p: int, reps: int, values: bool
             if kind == "after" and r[1] in members:
                 mk, e, t = members[r[1]]
                 j0, w, m, first = maps[mk]
-                if e != 0 or refs[y:y + m] != [("after", j0 + g * w + t, r[2])
-                                               for g in range(m)]:
-                    return None     # some outputs of a map, not all in order
-                names.append(("all", collapse[("map", mk)], t, r[2]))
-                grows = True
-                y += m
-                continue
+                if e == 0 and refs[y:y + m] == [("after", j0 + g * w + t, r[2])
+                                                for g in range(m)]:
+                    names.append(("all", collapse[("map", mk)], t, r[2]))
+                    grows = True
+                    y += m
+                    continue
             if kind == "run":
                 _, b, q, o = r
                 g = 1
@@ -526,8 +529,6 @@ def _after(graph: Graph, where: dict, i: int, p: int, reps: int, values: bool
             r = ("run", _anchor(r[1], reps), r[2], r[3])
         elif kind == "after":
             r = named_after(r)
-            if r is None:
-                return None
         outs.append(r)
     return tuple(out), tuple(outs), collapse, set(members)
 

@@ -153,7 +153,12 @@ def roll_loops(graph: Graph, min_trips: int = MIN_TRIPS, min_eqns: int = MIN_EQN
             reps = 1
             while i + (reps + 1) * p <= n and keys[i + reps * p:i + (reps + 1) * p] == body_keys:
                 reps += 1
-            if reps >= min_trips and p * reps >= min_eqns:
+            long_enough = reps >= min_trips and p * reps >= min_eqns
+            if long_enough and j != nxt[i] and _repeats(keys, i, p):
+                # found past the next equal equation, a shorter block repeated: several
+                # steps of a loop too short to roll (`tanh(h @ w)`), not rolled
+                failed[(keys[i], p)] = i + reps * p
+            elif long_enough:
                 blocks = [order[i + k * p:i + (k + 1) * p] for k in range(reps)]
                 end = i + reps * p
                 # the loop's first step may have begun before the blocks found
@@ -196,6 +201,11 @@ def roll_loops(graph: Graph, min_trips: int = MIN_TRIPS, min_eqns: int = MIN_EQN
     if any(e.op == "concatenate" for e in out):
         rolled_graph = join_rows(rolled_graph)
     return rolled_graph
+
+
+def _repeats(keys: list[int], i: int, p: int) -> bool:
+    """Whether the block of `keys` at i, p long, is a shorter block repeated."""
+    return any(p % d == 0 and keys[i:i + p - d] == keys[i + d:i + p] for d in range(1, p))
 
 
 def _carried(blocks: list[list[Eqn]]) -> bool:
