@@ -33,7 +33,8 @@ _synthetic: dict = {}   # (op, input avals, params) -> (step fn, equation descri
 TEMPLATE_LIMIT = 4096
 _CREATE = ("full", "iota")
 # step functions that always return a new array (any other output is copied when returned)
-_FRESH = {*getattr(_interp, "_UFUNC", {}).values(), np.divide, np.power, np.matmul}
+_FRESH = {*getattr(_interp, "_UFUNC", {}).values(), np.divide, np.power, np.matmul,
+          *[getattr(_interp, f) for f in ("_dot", "_outer") if hasattr(_interp, f)]}
 
 
 class NoTemplate(Exception):
@@ -252,6 +253,14 @@ class _Backward:
                     out in reads and out not in grad_ids and \
                     all(kinds[r] == PRODUCT and j == 0 for r, j in reads[out]):
                 kinds[i] = FLIP
+        # a step reading what this node's forward made is never shared (those values are its
+        # own): PLAIN, so the composer does not look for it
+        own = set(range(fwd.n_in + len(fwd.consts), fwd.n_local))
+        for i, e in enumerate(eqns):
+            if kinds[i] == SHARED and any(type(a) is Var and local[a.id] in own
+                                          for a in e.inputs):
+                kinds[i] = PLAIN
+                own.update(local[v.id] for v in e.outvars)
         self.infos = [(op, kind) for (op, _), kind in zip(infos, kinds, strict=True)]
         # per step what the composer reads, in one tuple: (fn, getter, arity, number of
         # outputs, kind, equation, op); and (input, local number) per gradient made

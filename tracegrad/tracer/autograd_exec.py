@@ -425,74 +425,84 @@ def _bind_tensor() -> None:
 
 def grad_walk(roots: list[Node]) -> Walk | None:
     """`walk(roots, grad=True)` for the common case — every node has a signature, nothing
-    is pending or recomputed — in two flat loops: collect the nodes, then visit them in
-    recording order (a node's output variables are made after all of its inputs'). Nodes are
-    marked in their `w` slot: first with this walk's tag, then with their position (from a
-    base no earlier walk used). Returns None when the general walk is needed."""
+    is pending or recomputed — in one flat loop: nodes are numbered as they are found
+    (breadth first from the roots, marked in their `w` slot with base + number, from a base
+    no earlier walk used), so the key can be written as they are visited. The nodes are then
+    put in recording order (a node's output variables are made after all of its inputs'),
+    which the key also records, as the plan depends on it. Returns None when the general
+    walk is needed."""
     global _walk_base
-    tag = object()
-    for r in roots:
-        r.w = tag
-    nodes = list(roots)
-    for n in nodes:     # grows while iterating
-        if n.sig is None or n.x is not None and not _plain_extras(n):
-            return None
-        for var, gsrc, vsrc in n.args:
-            if type(gsrc) is Node:
-                if gsrc.w is not tag:
-                    gsrc.w = tag
-                    nodes.append(gsrc)
-            elif gsrc is None and type(vsrc) is Node and _cached(vsrc, var) is None:
-                return None     # a value computed without grad: the general walk decides
-    nodes.sort(key=_first_var_id)
     base = _walk_base
-    _walk_base = base + len(nodes)
+    nodes: list[Node] = []
+    for r in roots:
+        if type(r.w) is not int or r.w < base:
+            r.w = base + len(nodes)
+            nodes.append(r)
     w = Walk()
     slots = w.slots
     in_vars, in_vals, in_gsrc = w.in_vars, w.in_vals, w.in_gsrc
     key = w.key
     append = key.append
     epoch = Inplace.epoch
-    i = base
-    for n in nodes:
-        append(n.sig)
-        for var, gsrc, vsrc in n.args:
-            if type(gsrc) is Node:
-                outs = gsrc.out_vars
-                pos = 0 if outs[0] is var else _out_index(gsrc, var)
-                if pos < 0 or not gsrc.grad:
-                    raise Bail
-                append(-1 - ((gsrc.w - base) << 16 | pos) if pos < 65536
-                       else (gsrc.w - base, pos))
-                continue
-            k = slots.get(var.id)
-            if k is None:
-                if gsrc is None:
-                    if type(vsrc) is Node:
-                        if vsrc.grad and type(vsrc.w) is int and vsrc.w >= base:
-                            raise Bail    # a no-grad use of a differentiable value
+    suspects = uses = None
+    try:
+        for n in nodes:     # grows while iterating
+            sig = n.sig
+            if sig is None or n.x is not None and not _plain_extras(n):
+                return None
+            append(sig)
+            for var, gsrc, vsrc in n.args:
+                if type(gsrc) is Node:
+                    m = gsrc.w
+                    if type(m) is not int or m < base:
+                        m = gsrc.w = base + len(nodes)
+                        nodes.append(gsrc)
+                    outs = gsrc.out_vars
+                    pos = 0 if outs[0] is var else _out_index(gsrc, var)
+                    if pos < 0 or not gsrc.grad:
+                        raise Bail
+                    append(-1 - ((m - base) << 16 | pos) if pos < 65536 else (m - base, pos))
+                    continue
+                k = slots.get(var.id)
+                if k is None:
+                    if gsrc is None:
+                        if type(vsrc) is Node:
+                            if vsrc.grad:   # a no-grad use of a value of this walk? (below)
+                                uses = [vsrc] if uses is None else uses + [vsrc]
+                            vsrc = _cached(vsrc, var)
+                            if vsrc is None:
+                                return None     # computed without grad: the general walk
+                    elif type(gsrc) is not AccumulateGrad or gsrc.post_hooks or \
+                            gsrc.variable._get("hooks"):
+                        return None
+                    elif type(vsrc) is Node:
                         vsrc = _cached(vsrc, var)
-                elif type(gsrc) is not AccumulateGrad or gsrc.post_hooks or \
-                        gsrc.variable._get("hooks"):
-                    return None
-                elif type(vsrc) is Node:
-                    vsrc = _cached(vsrc, var)
-                    if vsrc is None:
-                        return None     # a pending leaf value
-                k = slots[var.id] = len(in_vars)
-                in_vars.append(var)
-                in_vals.append(vsrc)
-                in_gsrc.append(gsrc)
-                append(k if gsrc is None else k | _WRT)
-                continue
-            if (gsrc is None) != (in_gsrc[k] is None):
-                raise Bail    # read both with and without a gradient
-            append(k)
-        n.w = i
-        i += 1
-        if n.grad and n._saved and (n.freed or n.epoch != epoch):
-            check_saved(n)      # raises if a saved tensor was freed or changed
-    w.order = nodes
+                        if vsrc is None:
+                            return None     # a pending leaf value
+                    k = slots[var.id] = len(in_vars)
+                    in_vars.append(var)
+                    in_vals.append(vsrc)
+                    in_gsrc.append(gsrc)
+                    append(k if gsrc is None else k | _WRT)
+                    continue
+                if (gsrc is None) != (in_gsrc[k] is None):
+                    raise Bail    # read both with and without a gradient
+                append(k)
+            if n.grad and n._saved and (n.freed or n.epoch != epoch):
+                suspects = [n] if suspects is None else suspects + [n]
+    finally:
+        _walk_base = base + len(nodes)
+    if uses is not None:
+        for v in uses:
+            if type(v.w) is int and v.w >= base:
+                raise Bail    # a no-grad use of a differentiable value
+    order = sorted(nodes, key=_first_var_id)
+    append(tuple([n.w - base for n in order]))
+    if suspects is not None:
+        for n in order:
+            if n in suspects:
+                check_saved(n)      # raises if a saved tensor was freed or changed
+    w.order = order
     for r in roots:
         w.index[id(r)] = r.w - base
     return w
