@@ -539,3 +539,26 @@ def test_two_layer_rnn_gets_a_template(data):
     step = _check(lambda: tg.value_and_grad(two_layer, argnums=(0, 1)), data,
                   [5, 12, 8, 15, 11, 7, 3])
     assert _templated(step)
+
+
+def test_a_literal_that_comes_to_equal_a_map_literal_is_not_templated():
+    """3/T (outside the loop) is 0.3 at T = 10, the literal of the map after the loop:
+    roll_loops, comparing literals by value, then joins `hs[0] * 0.3` to the map and makes
+    another graph (equal up to summation order). The template must not write that length
+    (review: `fits` looked only at the loop's own literals)."""
+    rng = np.random.default_rng(1)
+    W = (rng.standard_normal((3, 3)) / 2).astype(np.float32)
+    xs = rng.standard_normal((30, 1, 3)).astype(np.float32)
+
+    def f(W, xs, T):
+        h = tg.zeros((1, 3))
+        hs = []
+        for t in range(T):
+            h = tg.tanh(h @ W + xs[t])
+            hs.append(h)
+        a = hs[0] * (3.0 / T)
+        q = h * 2.0                      # (between `a` and the map)
+        m = [x * 0.3 for x in hs[1:]]
+        return tg.sum(tg.stack([a] + m) ** 2) + tg.sum(q)
+    step = _check(lambda: tg.value_and_grad(f), (W, xs), [8, 9, 11, 10, 12], static=(2,))
+    assert _templated(step)

@@ -26,6 +26,7 @@ class Form(NamedTuple):
     inside: tuple       # the literals inside the run: ((body position, input), key)
     in_avals: tuple
     consts: tuple       # the graph's constants, by identity
+    valued: tuple = ()  # the keys of literals after the run written by value (in maps)
 
 
 _CODES: dict[Any, int] = {}     # an equation's relative form -> an int
@@ -232,13 +233,13 @@ def _form(graph: Graph, named: tuple, i: int, p: int, reps: int, body: tuple
                 for a in graph.outvars):
         # what follows the run reads only its last block: as _codes names it (how many
         # equations back) it is the same at any length
-        tail, collapse, members = tuple(codes[end:]), None, ()
+        tail, collapse, members, valued = tuple(codes[end:]), None, (), ()
     else:
         # (named by value, _codes listed no literals: then none is named by its type)
         after = _after(graph, where, i, p, reps, not lits)
         if after is None:
             return None
-        tail, outs, collapse, members = after
+        tail, outs, collapse, members, valued = after
     if collapse is not None:        # positions after the run as _after counts them
         moved = []
         for at, st in starts:
@@ -259,7 +260,7 @@ def _form(graph: Graph, named: tuple, i: int, p: int, reps: int, body: tuple
     # families do in their graphs, so an id is never another array's; a function making a
     # new constant array each trace has a new form each time)
     form = Form(_before(graph, named, i, reps, not lits), body, tail, tuple(outs), pattern,
-                inside, tuple(graph.in_avals), tuple([id(c) for c in graph.consts]))
+                inside, tuple(graph.in_avals), tuple([id(c) for c in graph.consts]), valued)
     return form, reps, [a for at, _, a in lits
                         if at < i or at >= end and at - end not in members]
 
@@ -530,7 +531,10 @@ def _after(graph: Graph, where: dict, i: int, p: int, reps: int, values: bool
         elif kind == "after":
             r = named_after(r)
         outs.append(r)
-    return tuple(out), tuple(outs), collapse, set(members)
+    # the maps' literals, named by value (roll_loops compares them so too: see Template.fits)
+    valued = {r[1] for m in maps for _, _, _, refs in m[3] for r in refs
+              if type(r) is tuple and r[0] == "lit" and type(r[1]) is tuple}
+    return tuple(out), tuple(outs), collapse, set(members), tuple(sorted(valued))
 
 
 def _run_literals(lits: list[tuple], i: int, p: int, reps: int) -> tuple | None:

@@ -116,8 +116,9 @@ class Template:
         """Whether the template can write the graph of a trace with literals `lits` (and
         loop form `form`): each literal it did not see change must be as it was (one equal
         in the graphs it was made from may be anywhere in them), and one it saw change
-        must not now equal another literal of the trace (roll_loops tells equations apart
-        by their literals' values: an equal one can join a step to the loop)."""
+        must not now equal another literal of the trace, nor one of the loop or of a map
+        after it (roll_loops tells equations apart by their literals' values: an equal one
+        can join a step to the loop or to the map)."""
         if len(lits) != len(self.lits0):
             return False
         keys = [a.key() for a in lits]
@@ -125,7 +126,8 @@ class Template:
             if j not in self.varied:
                 if k != old.key():
                     return False
-            elif keys.count(k) > 1 or any(k == v for _, v in form.inside):
+            elif keys.count(k) > 1 or any(k == v for _, v in form.inside) or \
+                    k in form.valued:
                 return False
         return True
 
