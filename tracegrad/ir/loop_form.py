@@ -334,16 +334,18 @@ def _anchor(k: int, reps: int) -> tuple:
 
 
 def _after(graph: Graph, where: dict, i: int, p: int, reps: int, values: bool
-           ) -> tuple[tuple, tuple, dict, set] | None:
+           ) -> tuple[tuple, tuple, dict, set, tuple] | None:
     """The equations after the run and the graph's outputs, named free of the run's length:
-    a value made before the run by where it is made; one of the run by its block (from the
-    end), position and output; and a map over the steps — equal groups of up to MAP_WIDTH
-    equations, the k-th reading block c + k (`tg.stack(hs)`'s reshapes) — as one entry, with
-    its first and last block anchored (_anchor). An input list naming every output of such
-    a map in order, or values of consecutive blocks (`concatenate`), is one entry; what reads
-    it may have types that change with the length, so theirs are left out (they follow from
-    the rest). Returns (equations, outputs, after offset -> position among the entries, the
-    offsets inside maps), or None when something cannot be named so."""
+    a value made before the run by where it is made; one of the run by its block (anchored:
+    _anchor), position and output; and a map over the steps — equal groups of up to
+    MAP_WIDTH equations, the k-th reading block c + k (`tg.stack(hs)`'s reshapes) or group
+    k of an earlier map, and maybe the group before it (a chain: Python's `sum(losses)`) —
+    as one entry, its first and last block anchored; one group of a map by its place. An
+    input list naming every output of a map in order, or values of consecutive blocks
+    (`concatenate`), is one entry; what reads it may have types that change with the
+    length, so theirs are left out (they follow from the rest). Returns (equations,
+    outputs, after offset -> position among the entries, the offsets inside maps, the
+    maps' literals), or None when something cannot be named so."""
     eqns = graph.eqns
     end = i + reps * p
     rows = eqns[end:]
