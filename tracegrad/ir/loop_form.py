@@ -42,13 +42,14 @@ def _params_key(op: str, params: dict, frozen: bool = False) -> Any:
 
 
 def _codes(graph: Graph, values: bool = False
-           ) -> tuple[list[int], list[tuple], list, list, dict] | None:
+           ) -> tuple[list[int], list[tuple], list, list, dict, list] | None:
     """Per equation an int naming its op, params, output types and inputs (a literal by its
     type, a graph input by its position, a value made in the graph by how many equations back
     and which output); a slice's start indices are left out of it and listed apart, as
     (position, starts), and so are the literals, as (position, input, literal). Also the
-    outputs' forms, and where each variable is made (see `_after`). `values`: literals named
-    by their bits instead (none listed apart). None if some equation cannot be named."""
+    outputs' forms, where each variable is made (see `_after`) and each equation's depth.
+    `values`: literals named by their bits instead (none listed apart). None if some
+    equation cannot be named."""
     where: dict[int, int] = {}
     for k, v in enumerate(graph.invars):
         where[v.id] = -1 - k
@@ -57,6 +58,7 @@ def _codes(graph: Graph, values: bool = False
         where[v.id] = -1 - base - k
     codes: list[int] = []
     append = codes.append
+    depth: list[int] = []       # 1 + the deepest input's (see _shift)
     starts: list[tuple] = []
     lits: list[tuple] = []
     table, get = _CODES, _CODES.get
@@ -66,15 +68,20 @@ def _codes(graph: Graph, values: bool = False
         if len(ins) == 2 and type(ins[0]) is Var and type(ins[1]) is Var:
             w0, w1 = where[ins[0].id], where[ins[1].id]
             refs: Any = (here - w0 if w0 >= 0 else w0, here - w1 if w1 >= 0 else w1)
+            d = max(depth[w0 >> 8] if w0 >= 0 else 0, depth[w1 >> 8] if w1 >= 0 else 0)
         elif len(ins) == 1 and type(ins[0]) is Var:
             w0 = where[ins[0].id]
             refs = here - w0 if w0 >= 0 else w0
+            d = depth[w0 >> 8] if w0 >= 0 else 0
         else:
             refs = tuple([(here - where[a.id] if where[a.id] >= 0 else where[a.id])
                           if type(a) is Var else a.key() if values else a.aval.dtype.str
                           for a in ins])
             if not values:
                 lits += [(i, k, a) for k, a in enumerate(ins) if type(a) is Lit]
+            d = max([depth[where[a.id] >> 8] for a in ins
+                     if type(a) is Var and where[a.id] >= 0], default=0)
+        depth.append(d + 1)
         if not params:
             ps: Any = ()
         elif op == "slice":
@@ -111,7 +118,7 @@ def _codes(graph: Graph, values: bool = False
     end = len(graph.eqns) << 8
     outs = [a.key() if type(a) is Lit else
             (end - where[a.id] if where[a.id] >= 0 else where[a.id]) for a in graph.outvars]
-    return codes, starts, lits, outs, where
+    return codes, starts, lits, outs, where, depth
 
 
 def loop_form(graph: Graph) -> tuple[Form, int, list] | None:
@@ -224,8 +231,11 @@ def _body_reads(graph: Graph, where: dict, i: int, p: int, reps: int) -> tuple |
 def _form(graph: Graph, named: tuple, i: int, p: int, reps: int, body: tuple
           ) -> tuple[Form, int, list] | None:
     """The form of the run at i (period p, reps blocks, `body` its first block's codes)."""
-    codes, starts, lits, outs, where = named
+    codes, starts, lits, outs, where, depth = named
     end = i + reps * p
+    shift = _shift(depth, i, p, reps)
+    if shift is None:
+        return None
     last = (end - p) << 8
     if all(type(a) is not Var or where[a.id] < 0 or where[a.id] >= last
            for e in graph.eqns[end:] for a in e.inputs) and \
@@ -236,7 +246,7 @@ def _form(graph: Graph, named: tuple, i: int, p: int, reps: int, body: tuple
         tail, collapse, members, valued = tuple(codes[end:]), None, (), ()
     else:
         # (named by value, _codes listed no literals: then none is named by its type)
-        after = _after(graph, where, i, p, reps, not lits)
+        after = _after(graph, where, i, p, reps, not lits, depth, shift)
         if after is None:
             return None
         tail, outs, collapse, members, valued = after
@@ -327,14 +337,35 @@ def _eqn_params(e: Any) -> Any:
     return ps
 
 
+def _shift(depth: list[int], at: int, width: int, count: int, like: int | None = None
+           ) -> int | None:
+    """How much deeper each of `count` groups of `width` equations from `at` is than the
+    one before, or None when the equations that deepen do not all deepen alike (or, given
+    `like`, not all by `like`: a map after the loop must keep pace with the loop). The first
+    transition is left out: the first group may read values made before it. Why: roll_loops
+    sorts equations by depth, and a loop whose recurrences deepen at different rates
+    (`h = tanh(h @ W + x)`: 3 a step; `g = g * x`: 1) falls into blocks that change with the
+    length, so the graphs made for two or three lengths do not tell those for others."""
+    shift = like or 0
+    for k in range(min(2, count - 2), count - 1):
+        base = at + k * width
+        for q in range(base, base + width):
+            s = depth[q + width] - depth[q]
+            if s and s != shift:
+                if shift:
+                    return None
+                shift = s
+    return shift
+
+
 def _anchor(k: int, reps: int) -> tuple:
     """Block boundary k (0..reps) of a run: from its start when in its first half, else from
     its end (a stack of every step's value is (start 0, end 0) at any length)."""
     return ("start", k) if 2 * k < reps else ("end", k - reps)
 
 
-def _after(graph: Graph, where: dict, i: int, p: int, reps: int, values: bool
-           ) -> tuple[tuple, tuple, dict, set, tuple] | None:
+def _after(graph: Graph, where: dict, i: int, p: int, reps: int, values: bool,
+           depth: list[int], shift: int) -> tuple[tuple, tuple, dict, set, tuple] | None:
     """The equations after the run and the graph's outputs, named free of the run's length:
     a value made before the run by where it is made; one of the run by its block (anchored:
     _anchor), position and output; and a map over the steps — equal groups of up to
@@ -424,6 +455,8 @@ def _after(graph: Graph, where: dict, i: int, p: int, reps: int, values: bool
             j += 1
         else:
             j0, w, m, _ = found
+            if _shift(depth, end + j0, w, m, shift) is None:
+                return None     # a chain deepening faster than the loop (see _shift)
             for e in range(m):
                 for t in range(w):
                     members[j0 + e * w + t] = (len(maps), e, t)

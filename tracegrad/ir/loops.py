@@ -134,17 +134,40 @@ def roll_loops(graph: Graph, min_trips: int = MIN_TRIPS, min_eqns: int = MIN_EQN
     for i in range(n - 1, -1, -1):
         nxt[i] = seen.get(keys[i], n)
         seen[keys[i]] = i
+    for past in (False, True):      # (see _roll_pass's `past`: only if nothing rolled)
+        out, sunk, rolled = _roll_pass(graph, order, keys, key_of, nxt, producer, uses,
+                                       min_trips, min_eqns, past)
+        if rolled:
+            break
+    if not rolled:
+        return graph
+    if sunk:
+        out = [e for e in out if id(e) not in sunk]
+    rolled_graph = Graph(graph.invars, out, graph.outvars, graph.constvars, graph.consts)
+    if any(e.op == "concatenate" for e in out):
+        rolled_graph = join_rows(rolled_graph)
+    return rolled_graph
+
+
+def _roll_pass(graph: Graph, order: list[Eqn], keys: list[int], key_of: dict[int, int],
+               nxt: list[int], producer: dict[int, Eqn], uses: dict[int, int],
+               min_trips: int, min_eqns: int, past: bool) -> tuple[list, set, bool]:
+    """One pass of roll_loops over `order` (equations sorted by depth): (the equations, with
+    the runs rolled into scans; those moved into a body; whether any rolled). The period of
+    a run starting at an equation is the distance to the next equal one; with `past`, to the
+    next equal one far enough on: in a block whose equations come in equal groups (a
+    two-layer RNN's three `h @ W`), the next equal one is the group's next. (Only tried when
+    nothing rolled without it: where both roll, starting a block at the first of a group can
+    carry more values than starting it later.)"""
+    n = len(order)
     sunk: set[int] = set()
     failed: dict[tuple[int, int], int] = {}   # (key, period) -> end of the run that failed
     out: list[Eqn] = []
     rolled = False
     i = 0
     while i < n:
-        # the period: to the next equal equation far enough on (in a block whose equations
-        # come in equal groups, such as two layers' `h @ W`, the next equal one is the
-        # group's next)
         j = nxt[i]
-        while j < n and (j - i) * min_trips < min_eqns:
+        while past and j < n and (j - i) * min_trips < min_eqns:
             j = nxt[j]
         p = j - i
         if i + min_trips * p <= n and p * min_trips >= min_eqns and \
@@ -193,14 +216,7 @@ def roll_loops(graph: Graph, min_trips: int = MIN_TRIPS, min_eqns: int = MIN_EQN
                 failed[(keys[i], p)] = i + reps * p   # its tails would fail the same way
         out.append(order[i])
         i += 1
-    if not rolled:
-        return graph
-    if sunk:
-        out = [e for e in out if id(e) not in sunk]
-    rolled_graph = Graph(graph.invars, out, graph.outvars, graph.constvars, graph.consts)
-    if any(e.op == "concatenate" for e in out):
-        rolled_graph = join_rows(rolled_graph)
-    return rolled_graph
+    return out, sunk, rolled
 
 
 def _repeats(keys: list[int], i: int, p: int) -> bool:
