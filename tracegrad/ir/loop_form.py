@@ -68,7 +68,9 @@ def _codes(graph: Graph, values: bool = False
         if len(ins) == 2 and type(ins[0]) is Var and type(ins[1]) is Var:
             w0, w1 = where[ins[0].id], where[ins[1].id]
             refs: Any = (here - w0 if w0 >= 0 else w0, here - w1 if w1 >= 0 else w1)
-            d = max(depth[w0 >> 8] if w0 >= 0 else 0, depth[w1 >> 8] if w1 >= 0 else 0)
+            d = depth[w0 >> 8] if w0 >= 0 else 0
+            if w1 >= 0 and depth[w1 >> 8] > d:
+                d = depth[w1 >> 8]
         elif len(ins) == 1 and type(ins[0]) is Var:
             w0 = where[ins[0].id]
             refs = here - w0 if w0 >= 0 else w0
@@ -340,14 +342,15 @@ def _eqn_params(e: Any) -> Any:
 def _shift(depth: list[int], at: int, width: int, count: int, like: int | None = None
            ) -> int | None:
     """How much deeper each of `count` groups of `width` equations from `at` is than the
-    one before, or None when the equations that deepen do not all deepen alike (or, given
-    `like`, not all by `like`: a map after the loop must keep pace with the loop). The first
-    transition is left out: the first group may read values made before it. Why: roll_loops
+    one before (from the last three groups), or None when the equations that deepen do not
+    all deepen alike (or, given `like`, not all by `like`: a map after the loop must keep
+    pace with the loop). The first transition is left out: the first group may read values
+    made before it. Why: roll_loops
     sorts equations by depth, and a loop whose recurrences deepen at different rates
     (`h = tanh(h @ W + x)`: 3 a step; `g = g * x`: 1) falls into blocks that change with the
     length, so the graphs made for two or three lengths do not tell those for others."""
     shift = like or 0
-    for k in range(min(2, count - 2), count - 1):
+    for k in range(max(min(2, count - 2), count - 3), count - 1):     # (the last two)
         base = at + k * width
         for q in range(base, base + width):
             s = depth[q + width] - depth[q]
