@@ -56,6 +56,28 @@ def test_program_outputs_never_alias_inputs_or_each_other():
     assert a2[0, 0] == 0 and b2[1] == 1 and z2[0] == 0
 
 
+def test_fresh_outputs_are_returned_without_a_copy_and_still_never_alias():
+    """An output a ufunc or matmul made is the program's own new array: returned as it is.
+    One returned twice, or also read as a view (its reshape), is copied where it repeats."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    w = np.ones((3, 3), np.float32)
+
+    def f(x, w):
+        y = tg.sin(x) + 1.0
+        return y, y, y.reshape(3, 2), x @ w
+    prog = ir.program(tg.make_ir(f)(x, w))
+    y1, y2, r, m = prog([x, w])
+    assert not np.shares_memory(y1, y2) and not np.shares_memory(y1, r)
+    assert not np.shares_memory(m, x) and not np.shares_memory(m, w)
+    want = [np.array(v) for v in (y1, y2, r, m)]
+    y1[...] = -5.0
+    m[...] = -5.0
+    for got, w_ in zip(prog([x, w]), want):
+        np.testing.assert_array_equal(got, w_)
+    np.testing.assert_array_equal(y2, want[1])
+    np.testing.assert_array_equal(r, want[2])
+
+
 def test_outer_product_matmul_is_exact():
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((64, 1)), rng.standard_normal((1, 48))

@@ -200,7 +200,7 @@ def _step_fn(e: Any, multi: bool) -> Callable:
 
 class Program:
     """`graph` prepared for repeated interpretation (bit-identical to `interpret`)."""
-    __slots__ = ("graph", "init", "steps", "outs", "in_avals", "n_in", "made")
+    __slots__ = ("graph", "init", "steps", "outs", "in_avals", "n_in", "made", "out_steps")
 
     def __init__(self, graph: Graph):
         self.graph = graph
@@ -250,6 +250,11 @@ class Program:
         self.outs = [slot_of(a) for a in graph.outvars]
         self.in_avals = [(v.aval.shape, v.aval.dtype) for v in graph.invars]
         self.n_in = len(graph.invars)
+        # per output: the step making it alone (an array of its own: returned as it is when
+        # that step's function makes a new array), else -1 (copied)
+        by_slot = {out: j for j, (_, _, out, n) in enumerate(steps) if n >= 0}
+        self.out_steps = tuple([by_slot.get(k, -1) if self.outs.count(k) == 1 else -1
+                                for k in self.outs])
 
     def respecialized(self, graph: Graph, changed: Sequence[int],
                       literals: Sequence[tuple[int, int]] = ()) -> Program:
@@ -270,6 +275,7 @@ class Program:
         new.steps = steps = list(self.steps)
         new.made = None
         new.outs, new.in_avals, new.n_in = self.outs, self.in_avals, self.n_in
+        new.out_steps = self.out_steps
         made, old = self.made, self.graph.eqns
         for at in changed:
             k = made.get(id(old[at]))
@@ -313,7 +319,13 @@ class Program:
                 else:
                     for k, o in zip(out, fn(*[env[i] for i in ins])):
                         env[k] = o
-        return [np.array(env[k]) for k in self.outs]
+        steps = self.steps
+        return [env[k] if j >= 0 and steps[j][0] in _FRESH else np.array(env[k])
+                for k, j in zip(self.outs, self.out_steps)]
+
+
+# step functions that always return a new array (their outputs need no copy when returned)
+_FRESH = frozenset([*_UFUNC.values(), *_FLOAT_ONLY.values(), np.matmul, _dot, _outer])
 
 
 def _created(e: Any) -> np.ndarray:

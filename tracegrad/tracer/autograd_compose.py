@@ -33,8 +33,7 @@ _synthetic: dict = {}   # (op, input avals, params) -> (step fn, equation descri
 TEMPLATE_LIMIT = 4096
 _CREATE = ("full", "iota")
 # step functions that always return a new array (any other output is copied when returned)
-_FRESH = {*getattr(_interp, "_UFUNC", {}).values(), np.divide, np.power, np.matmul,
-          *[getattr(_interp, f) for f in ("_dot", "_outer") if hasattr(_interp, f)]}
+_FRESH = _interp._FRESH
 
 
 class NoTemplate(Exception):
