@@ -191,6 +191,10 @@ def test_shape_mismatches_match_numpy(name, sa, sb, mode):
     if name == "take" and mode == "jit":   # compiled take clamps, as JAX; only check shape
         assert np.shape(fn(*args)) == want.shape
         return
+    if name == "matmul":    # float32 sums in another order: within a few ulps of sum |a_i b_i|
+        bound = 4 * np.finfo(np.float32).eps * np.matmul(np.abs(a), np.abs(b32))
+        assert np.all(np.abs(np.asarray(fn(*args)) - want) <= bound + 1e-6 * np.abs(want))
+        return
     np.testing.assert_allclose(fn(*args), want, rtol=1e-6)
 
 
