@@ -201,18 +201,24 @@ def test_a_short_first_length_does_not_stop_templates(data):
     assert _templated(step)
 
 
-def test_loop_found_turned_keeps_one_form_for_every_length(data):
-    """A loop whose run is found starting mid-step leaves the last step's slice after the
-    run: its start is written relative to the run, so every length has one form."""
-    W, U, xs = data
-
+def _two_chains(coupled: bool):
+    """h deepens by four equations a step, g by two of its own: coupled (g reads h), both
+    deepen alike; not, at different rates."""
     def f(W, U, xs, T):
         h = tg.zeros((1, H))
         g = tg.ones((1, H))
         for t in range(T):
             h = tg.tanh(tg.sin(h @ W) + xs[t] @ U)
-            g = tg.tanh(g @ U + h)
+            g = tg.tanh(g @ U + h) if coupled else tg.tanh(g @ U)
         return tg.sum(h * g)
+    return f
+
+
+def test_loop_found_turned_keeps_one_form_for_every_length(data):
+    """A loop whose run is found starting mid-step leaves the last step's slice after the
+    run: its start is written relative to the run, so every length has one form."""
+    W, U, xs = data
+    f = _two_chains(coupled=True)
     found = [loop_form(trace(f, (W, U, xs, T), (3,))[0].graph) for T in (5, 6, 9)]
     assert len({form for form, _, _ in found}) == 1
     assert any(s[0] == "next" for s in found[0][0].starts)     # (it is turned)
@@ -225,14 +231,7 @@ def test_recurrences_deepening_at_different_rates_get_no_template(data):
     blocks that change with the length (two or three lengths' graphs do not tell the next:
     review, the fourth length differed in the last bit), so they get no form."""
     W, U, xs = data
-
-    def two_rates(W, U, xs, T):
-        h = tg.zeros((1, H))
-        g = tg.ones((1, H))
-        for t in range(T):
-            h = tg.tanh(tg.sin(h @ W) + xs[t] @ U)
-            g = tg.tanh(g @ U)
-        return tg.sum(h * g)
+    two_rates = _two_chains(coupled=False)
 
     def dead_state(W, U, xs, T):
         h = tg.zeros((1, H)) + 0.1
