@@ -26,7 +26,7 @@ class Form(NamedTuple):
     inside: tuple       # the literals inside the run: ((body position, input), key)
     in_avals: tuple
     consts: tuple       # the graph's constants, by identity
-    valued: tuple = ()  # the keys of literals after the run written by value (in maps)
+    valued: tuple       # the keys of literals after the run written by value (in maps)
 
 
 _CODES: dict[Any, int] = {}     # an equation's relative form -> an int
@@ -344,11 +344,11 @@ def _shift(depth: list[int], at: int, width: int, count: int, like: int | None =
     """How much deeper each of `count` groups of `width` equations from `at` is than the
     one before (from the last three groups), or None when the equations that deepen do not
     all deepen alike (or, given `like`, not all by `like`: a map after the loop must keep
-    pace with the loop). The first transition is left out: the first group may read values
-    made before it. Why: roll_loops
-    sorts equations by depth, and a loop whose recurrences deepen at different rates
-    (`h = tanh(h @ W + x)`: 3 a step; `g = g * x`: 1) falls into blocks that change with the
-    length, so the graphs made for two or three lengths do not tell those for others."""
+    pace with the loop). The first transition is left out when there are more: the first
+    group may read values made before it. Why: roll_loops sorts equations by depth, and a
+    loop whose recurrences deepen at different rates (`h = tanh(h @ W + x)`: 3 a step;
+    `g = g * x`: 1) falls into blocks that change with the length, so the graphs made for
+    two or three lengths do not tell those for others."""
     shift = like or 0
     for k in range(max(min(2, count - 2), count - 3), count - 1):     # (the last two)
         base = at + k * width

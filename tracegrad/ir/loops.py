@@ -177,23 +177,23 @@ def _roll_pass(graph: Graph, order: list[Eqn], keys: list[int], key_of: dict[int
             while i + (reps + 1) * p <= n and keys[i + reps * p:i + (reps + 1) * p] == body_keys:
                 reps += 1
             long_enough = reps >= min_trips and p * reps >= min_eqns
-            if long_enough and j != nxt[i] and _repeats(keys, i, p):
-                # found past the next equal equation, a shorter block repeated: several
-                # steps of a loop too short to roll (`tanh(h @ w)`), not rolled
+            if long_enough and (j != nxt[i] and _repeats(keys, i, p) or
+                                not _carried(order[i:i + p], order[i + p:i + 2 * p])):
+                # a shorter block repeated (found past the next equal equation: several steps
+                # of a loop too short to roll, `tanh(h @ w)`), or equal steps passing nothing
+                # on (every step's `xs[t]`): not rolled
                 failed[(keys[i], p)] = i + reps * p
             elif long_enough:
                 blocks = [order[i + k * p:i + (k + 1) * p] for k in range(reps)]
                 end = i + reps * p
                 # the loop's first step may have begun before the blocks found
-                turned = _rotate(blocks, order, end, producer, key_of, uses) \
-                    if _carried(blocks) else None
+                turned = _rotate(blocks, order, end, producer, key_of, uses)
                 if turned is not None:
                     blocks, flow, pre, end = turned
                     sunk.update(id(e) for e in pre)
                 else:
                     # a flow that fails in some blocks fails in all: first tried on three
-                    flow = None if not _carried(blocks) else \
-                        _flow(blocks) if len(blocks) < 6 or _flow(blocks[:3]) else None
+                    flow = _flow(blocks) if len(blocks) < 6 or _flow(blocks[:3]) else None
                 if flow is not None:    # move the steps' own work on their inputs in
                     kept = [list(blk) for blk in blocks]
                     moved = _sink(flow[2], blocks, producer, key_of, uses, order)
@@ -224,11 +224,11 @@ def _repeats(keys: list[int], i: int, p: int) -> bool:
     return any(p % d == 0 and keys[i:i + p - d] == keys[i + d:i + p] for d in range(1, p))
 
 
-def _carried(blocks: list[list[Eqn]]) -> bool:
-    """Whether the second block reads a value the first makes (no loop, turned or not,
-    without: equal independent steps, such as every step's `xs[t]`)."""
-    made = {v.id for e in blocks[0] for v in e.outvars}
-    return any(type(a) is Var and a.id in made for e in blocks[1] for a in e.inputs)
+def _carried(first: list[Eqn], second: list[Eqn]) -> bool:
+    """Whether block `second` reads a value block `first` makes (no loop, turned or not,
+    without)."""
+    made = {v.id for e in first for v in e.outvars}
+    return any(type(a) is Var and a.id in made for e in second for a in e.inputs)
 
 
 def _rotate(blocks: list[list[Eqn]], order: list[Eqn], end: int,
