@@ -398,11 +398,10 @@ def compose(order: list, in_vars: list, in_gsrc: list, roots: list) -> tuple[Pla
     """(plan, wrt): the plan (inputs..., root cotangents...) -> (roots..., gradients of the
     inputs `wrt`), from the nodes `order` (a grad_walk's)."""
     c = _Composer(in_vars, roots)
-    locs = [c.forward(n) for n in order]
+    locs = c.forward(order)
     for t, k in zip(roots, c.ct_slots, strict=True):
         c.terms.setdefault(c.vslot[t._var.id], []).append(k)
-    for n, loc in zip(reversed(order), reversed(locs), strict=True):
-        c.backward(n, loc)
+    c.backward(order, locs)
     wrt = [i for i, g in enumerate(in_gsrc) if g is not None]
     outs = [c.vslot[t._var.id] for t in roots]
     for i in wrt:
@@ -462,135 +461,167 @@ class _Composer:
         self.meta.append((te, source, op))
         return out
 
-    def forward(self, n: Any) -> list:
-        """Append node `n`'s steps; returns the slot of each of its recipe's numbers."""
-        tpl = n.tpl
-        if tpl is None:
-            raise NoTemplate
-        fwd = _recipes.get(tpl[4], False)
-        if fwd is False:
-            fwd = _forward_recipe(tpl)
-        if fwd is None:
-            raise NoTemplate
-        vslot = self.vslot
-        args = n.args
-        if len(args) == 2:
-            loc = [vslot[args[0][0].id], vslot[args[1][0].id]]
-        elif len(args) == 1:
-            loc = [vslot[args[0][0].id]]
-        else:
-            loc = [vslot[e[0].id] for e in args]
-        one = fwd.one
-        if one is not None and len(loc) == fwd.n_in:
-            fn, ins, arity, te = one
-            k = self.n
-            self.steps.append((fn, ins(loc), k, arity))
-            self.meta.append((te, n.src, None))
-            loc.append(k)
-            self.n = k + 1
-            vslot[n.out_vars[0].id] = k
-            return loc
-        if fwd.consts:
-            del loc[fwd.n_in:]
-            self._consts(loc, fwd.consts)
+    def forward(self, order: list) -> list:
+        """Append the steps of the nodes `order`; returns per node the slot of each of its
+        recipe's numbers. One loop over all nodes, its state in locals: per node this is a
+        few list appends, and attribute traffic would be a good part of it."""
+        vslot, steps, meta, recipes = self.vslot, self.steps, self.meta, _recipes
+        locs = []
         k = self.n
-        steps, meta, src = self.steps, self.meta, n.src
-        for fn, ins, outs, arity, te in fwd.steps:
-            if arity >= 0:
+        for n in order:
+            tpl = n.tpl
+            if tpl is None:
+                raise NoTemplate
+            fwd = recipes.get(tpl[4], False)
+            if fwd is False:
+                fwd = _forward_recipe(tpl)
+            if fwd is None:
+                raise NoTemplate
+            args = n.args
+            if len(args) == 2:
+                loc = [vslot[args[0][0].id], vslot[args[1][0].id]]
+            elif len(args) == 1:
+                loc = [vslot[args[0][0].id]]
+            else:
+                loc = [vslot[e[0].id] for e in args]
+            locs.append(loc)
+            one = fwd.one
+            if one is not None and len(loc) == fwd.n_in:
+                fn, ins, arity, te = one
                 steps.append((fn, ins(loc), k, arity))
+                meta.append((te, n.src, None))
                 loc.append(k)
+                vslot[n.out_vars[0].id] = k
                 k += 1
+                continue
+            if fwd.consts:
+                del loc[fwd.n_in:]
+                self.n = k
+                self._consts(loc, fwd.consts)
+                k = self.n
+            src = n.src
+            for fn, ins, outs, arity, te in fwd.steps:
+                if arity >= 0:
+                    steps.append((fn, ins(loc), k, arity))
+                    loc.append(k)
+                    k += 1
+                else:
+                    out = tuple(range(k, k + len(outs)))
+                    steps.append((fn, ins(loc), out, arity))
+                    loc += out
+                    k += len(outs)
+                meta.append((te, src, None))
+            outs = fwd.outs
+            if len(outs) == 1:
+                vslot[n.out_vars[0].id] = loc[outs[0]]
             else:
-                out = tuple(range(k, k + len(outs)))
-                steps.append((fn, ins(loc), out, arity))
-                loc += out
-                k += len(outs)
-            meta.append((te, src, None))
+                for v, i in zip(n.out_vars, outs, strict=True):
+                    vslot[v.id] = loc[i]
         self.n = k
-        outs = fwd.outs
-        if len(outs) == 1:
-            vslot[n.out_vars[0].id] = loc[outs[0]]
-        else:
-            for v, i in zip(n.out_vars, outs, strict=True):
-                vslot[v.id] = loc[i]
-        return loc
+        return locs
 
-    def backward(self, n: Any, loc: list) -> None:
-        """Append the reverse pass of node `n` (whose outputs' gradients are complete)."""
-        vslot, terms = self.vslot, self.terms
-        outs = n.out_vars
-        if len(outs) == 1:
-            v = outs[0]
-            t = terms.pop(vslot[v.id], None)
-            if t is None:
-                return
-            if len(t) == 1 and type(t[0]) is int:
-                loc.append(t[0])
-            else:
-                loc.append(self._sum(t, v.aval))
-            has_ct = _ONE
-        else:
-            gouts = [self._total_slot(vslot[v.id], v.aval) for v in outs]
-            if all(g is None for g in gouts):
-                return
-            has_ct = tuple([g is not None for g in gouts])
-            loc += [g for g in gouts if g is not None]
-        tpl, args = n.tpl, n.args
-        if len(args) == 2:
-            needs = (args[0][1] is not None, args[1][1] is not None)
-        elif len(args) == 1:
-            needs = (args[0][1] is not None,)
-        else:
-            needs = tuple([e[1] is not None for e in args])
-        bwd = _brecipes.get((tpl[4], needs, has_ct))
-        if not bwd:
-            bwd = _backward_recipe(tpl, _recipes.get(tpl[4]) or _forward_recipe(tpl), needs,
-                                   has_ct)
-        if bwd.consts:
-            self._consts(loc, bwd.consts)
-        shared, src = self.shared, n.src
-        steps, meta = self.steps, self.meta
+    def backward(self, order: list, locs: list) -> None:
+        """Append the reverse pass of the nodes `order` (last first; `locs` as `forward`
+        returned them). A node's outputs' gradients are complete when it is reached. As in
+        `forward`, one loop with its state in locals; `self.n` is written back around the
+        calls that emit steps themselves."""
+        vslot, terms, shared = self.vslot, self.terms, self.shared
+        steps, meta, brecipes, rconsts = self.steps, self.meta, _brecipes, self.recipe_consts
         k = self.n
-        for fn, ins, arity, n_outs, kind, te, op in bwd.flat:
-            ins = ins(loc)
-            if kind:
-                if kind == PRODUCT:     # left operand: a slot or a FLIP
-                    loc.append((ins[0], ins[1], fn, te, src, op))
+        for j in range(len(order) - 1, -1, -1):
+            n, loc = order[j], locs[j]
+            outs = n.out_vars
+            if len(outs) == 1:
+                v = outs[0]
+                t = terms.pop(vslot[v.id], None)
+                if t is None:
                     continue
-                key = (id(te), ins)
-                made = shared.get(key)
-                if made is not None:
-                    if arity >= 0:
-                        loc.append(made)
-                    else:
-                        loc += made
-                    continue
-                if kind == FLIP:
-                    made = shared[key] = [ins[0], fn, te, src, op, None]
-                    loc.append(made)
-                    continue
-            if arity >= 0:
-                out = k
-                k += 1
-                loc.append(out)
+                x = t[0]
+                if len(t) > 1 or type(x) is list:
+                    self.n = k
+                    loc.append(self._sum(t, v.aval))
+                    k = self.n
+                elif type(x) is int:
+                    loc.append(x)
+                elif type(x[0]) is int:     # a PRODUCT of two slots (as _slot emits it)
+                    steps.append((x[2], (x[0], x[1]), k, 2))
+                    meta.append((x[3], x[4], x[5]))
+                    loc.append(k)
+                    k += 1
+                else:
+                    self.n = k
+                    loc.append(self._slot(x))
+                    k = self.n
+                has_ct = _ONE
             else:
-                out = tuple(range(k, k + n_outs))
-                k += n_outs
-                loc += out
-            steps.append((fn, ins, out, arity))
-            meta.append((te, src, op))
-            if kind:
-                shared[key] = out
-        self.n = k
-        for i, g in bwd.pairs:
-            var, gsrc, _ = args[i]
-            if gsrc is not None:
-                s = vslot[var.id]
+                self.n = k
+                gouts = [self._total_slot(vslot[v.id], v.aval) for v in outs]
+                k = self.n
+                if all(g is None for g in gouts):
+                    continue
+                has_ct = tuple([g is not None for g in gouts])
+                loc += [g for g in gouts if g is not None]
+            tpl, args = n.tpl, n.args
+            if len(args) == 2:
+                needs = (args[0][1] is not None, args[1][1] is not None)
+            elif len(args) == 1:
+                needs = (args[0][1] is not None,)
+            else:
+                needs = tuple([e[1] is not None for e in args])
+            bwd = brecipes.get((tpl[4], needs, has_ct))
+            if not bwd:
+                bwd = _backward_recipe(tpl, _recipes.get(tpl[4]) or _forward_recipe(tpl),
+                                       needs, has_ct)
+            consts = bwd.consts
+            if consts:
+                hit = rconsts.get(id(consts))
+                if hit is not None:
+                    loc += hit[1]
+                else:
+                    self.n = k
+                    self._consts(loc, consts)
+                    k = self.n
+            src = n.src
+            for fn, ins, arity, n_outs, kind, te, op in bwd.flat:
+                ins = ins(loc)
+                if kind:
+                    if kind == PRODUCT:     # left operand: a slot or a FLIP
+                        loc.append((ins[0], ins[1], fn, te, src, op))
+                        continue
+                    key = (id(te), ins)
+                    made = shared.get(key)
+                    if made is not None:
+                        if arity >= 0:
+                            loc.append(made)
+                        else:
+                            loc += made
+                        continue
+                    if kind == FLIP:
+                        made = shared[key] = [ins[0], fn, te, src, op, None]
+                        loc.append(made)
+                        continue
+                if arity >= 0:
+                    out = k
+                    k += 1
+                    loc.append(out)
+                else:
+                    out = tuple(range(k, k + n_outs))
+                    k += n_outs
+                    loc += out
+                steps.append((fn, ins, out, arity))
+                meta.append((te, src, op))
+                if kind:
+                    shared[key] = out
+            # gradients of the inputs needing them (the recipe has no others); an input's
+            # slot is its first number in `loc`
+            for i, g in bwd.pairs:
+                s = loc[i]
                 t = terms.get(s)
                 if t is None:
                     terms[s] = [loc[g]]
                 else:
                     t.append(loc[g])
+        self.n = k
 
     def _slot(self, x: Any) -> int:
         """The slot of a contribution, emitting it if it was deferred (a PRODUCT or FLIP)."""
@@ -623,17 +654,22 @@ class _Composer:
             if all(t[3] is te for t in products):   # one recipe step: one type
                 terms = [self._merge(products)] + [t for t in terms if type(t) is not tuple]
             else:
-                types: dict[int, tuple] = {}    # recipe step -> operand types (few of them)
+                # recipe step -> the group of its operand types (found once per step: few)
+                groups: dict[int, list] = {}
                 alike: dict[tuple, list] = {}
                 for t in products:
-                    te = t[3]
-                    ty = types.get(id(te))
-                    if ty is None:
-                        ty = types[id(te)] = (te.inputs[0].aval, te.inputs[1].aval)
-                    alike.setdefault(ty, []).append(t)
+                    group = groups.get(id(t[3]))
+                    if group is None:
+                        te = t[3]
+                        ty = (te.inputs[0].aval, te.inputs[1].aval)
+                        group = alike.get(ty)
+                        if group is None:
+                            group = alike[ty] = []
+                        groups[id(te)] = group
+                    group.append(t)
                 merged = [self._merge(group) for group in alike.values() if len(group) >= 3]
                 terms = merged + [t for t in terms if type(t) is not tuple or
-                                  len(alike[types[id(t[3])]]) < 3]
+                                  len(groups[id(t[3])]) < 3]
         total = self._slot(terms[0])
         fn, te = _synth("add", (aval, aval))
         for t in terms[1:]:
@@ -663,7 +699,9 @@ class _Composer:
         key = (axis, *xs)
         out = self.concats.get(key)
         if out is None:
-            fn, te = _synth("concatenate", (Aval(tuple(shape), dtype),) * len(xs), axis)
+            shape = tuple(shape)    # (_synth's key, looked up before making the operand types)
+            hit = _synthetic.get(("concatenate", axis, len(xs), shape, dtype, shape))
+            fn, te = hit or _synth("concatenate", (Aval(shape, dtype),) * len(xs), axis)
             out = self.concats[key] = self._emit(fn, tuple(xs), te, source, op)
             self.avals[out] = te.outvars[0].aval
         return out
