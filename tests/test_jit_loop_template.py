@@ -165,6 +165,42 @@ def test_template_refuses_what_is_not_linear_in_the_count():
     assert made.outvars[0].aval.shape == (10, 3)
 
 
+def test_instantiate_writes_the_graph_only_when_read(data):
+    """A new length's Program is made from the template's without writing its graph; the
+    graph written later is the one the Program runs (the same steps as a Program built from
+    it, bit for bit), and tiering's size estimate is that graph's. (rnn's backward has
+    (H, T) @ (T, H) matmuls: a contraction over the count.)"""
+    from tracegrad.ir.interpret import Program
+    from tracegrad.ir.loops import unrolled_size
+    W, U, xs = data
+
+    def stacked(W, U, xs, T):     # the steps stacked after the loop: a (T, 1, H) map
+        h = tg.zeros((1, H))
+        hs = []
+        for t in range(T):
+            h = tg.tanh(h @ W + xs[t] @ U)
+            hs.append(h)
+        return tg.sum(tg.stack(hs) * 0.3) + tg.sum(h * h)
+    for f in (rnn, stacked):
+        step = tg.jit(tg.value_and_grad(f, argnums=(0, 1)), static_argnums=(3,))
+        for T in (5, 9, 7):
+            step(W, U, xs, T)
+        (family,) = [fam for fam in step._families.values() if fam.checked]
+        for T in (4, 11, 16):
+            _, n, lits = loop_form(trace(f, (W, U, xs, T), (3,))[0].graph)
+            made = family.template.instantiate(n, lits)
+            assert "eqns" not in made.__dict__
+            got = tg.ir.program(made)([W, U, xs])
+            assert "eqns" not in made.__dict__     # running it reads only its Program
+            size = made.__dict__["_unrolled_size"]
+            written = tg.ir.Graph(made.invars, made.eqns, made.outvars, made.constvars,
+                                  made.consts)
+            assert size == unrolled_size(written)
+            assert _same(got, Program(written)([W, U, xs]))
+            assert _same(got, tg.jit(tg.value_and_grad(f, argnums=(0, 1)),
+                                     static_argnums=(3,))(W, U, xs, T))
+
+
 def test_static_float_is_not_taken_from_the_template(data):
     """A static float is an input of f's trace but a constant of jit's graph (review)."""
     W, U, xs = data

@@ -198,6 +198,35 @@ def _step_fn(e: Any, multi: bool) -> Callable:
     return fn if key is None else remember(_FNS, key, fn)
 
 
+def shapeless(e: Any) -> bool:
+    """Whether the step a Program makes for `e` is the same for operands of any shapes (its
+    params and dtypes as they are): what `_fast_fn` picks depends on the shapes only for a
+    matmul; scans, constants and the reference's own loop (`_generic_fn`) are made for their
+    types."""
+    return not OPS[e.op].multi_out and e.op not in ("matmul", "scan") and \
+        e.op not in _CREATE and _fast_fn(e) is not None
+
+
+def restep(e: Any, fn: Callable, params: dict, in_shapes: list | None) -> Callable | None:
+    """The function a Program would pick for equation `e` (whose step function is `fn`)
+    given other `params` and operand shapes (read for a matmul only), where that needs no
+    equation: a reshape or a slice (made from their params) and a 2-d matmul of one dtype
+    (_fast_fn's choice); else None (ir.template makes the rest from stand-in equations)."""
+    op = e.op
+    if op == "reshape" and e.outvars[0].aval.shape:
+        shape = tuple(params["shape"])
+        return lambda x: x.reshape(shape)
+    if op == "slice" and e.outvars[0].aval.shape:
+        idx = np_index(params["index"])
+        return lambda x: x[idx]
+    if op == "matmul" and (fn is _dot or fn is _outer) and len(in_shapes[0]) == 2 and \
+            len(in_shapes[1]) == 2:     # (one dtype throughout: _fast_fn picked these)
+        if in_shapes[0][1] == 1:
+            return _outer
+        return _dot if e.outvars[0].aval.dtype.kind == "f" else None
+    return None
+
+
 class Program:
     """`graph` prepared for repeated interpretation (bit-identical to `interpret`)."""
     __slots__ = ("graph", "init", "steps", "outs", "in_avals", "n_in", "made", "out_steps")
@@ -262,13 +291,26 @@ class Program:
         the equations at positions `changed`, and the literal inputs at (position, input)
         `literals` (see ir.template): those steps are made again, the rest shared. (The new
         Program has no `made`: it cannot be respecialized again.)"""
-        if self.made is None:
-            raise ValueError("respecialized: this Program was itself respecialized; "
-                             "respecialize the one it came from")
         if len(graph.eqns) != len(self.graph.eqns) or any(
                 e.op != f.op or len(e.inputs) != len(f.inputs)
                 for e, f in zip(graph.eqns, self.graph.eqns)):
             raise ValueError("respecialized: the graph is not this Program's with other types")
+        eqns = graph.eqns
+        return self.renewed(graph, {at: eqns[at] for at in changed},
+                            [(at, i, eqns[at].inputs[i].value) for at, i in literals])
+
+    def renewed(self, graph: Graph, changed: dict[int, Any],
+                literals: Sequence[tuple[int, int, Any]] = (),
+                fns: dict[int, Callable] | None = None) -> Program:
+        """`respecialized` with the changed equations given directly: `changed` maps a
+        position to an equation standing for the one `graph` has there (its op, params and
+        types; its step is made from it), `fns` a position to its step's function made
+        already (see `restep`), and `literals` lists (position, input, value). An equation
+        whose step holds at any shape (see `shapeless`) and whose params did not change need
+        not be listed: `graph` may be written later, or never (ir.template)."""
+        if self.made is None:
+            raise ValueError("respecialized: this Program was itself respecialized; "
+                             "respecialize the one it came from")
         new = object.__new__(Program)
         new.graph = graph
         new.init = init = list(self.init)
@@ -277,24 +319,28 @@ class Program:
         new.outs, new.in_avals, new.n_in = self.outs, self.in_avals, self.n_in
         new.out_steps = self.out_steps
         made, old = self.made, self.graph.eqns
-        for at in changed:
+        for at, e in changed.items():
             k = made.get(id(old[at]))
             if k is None:       # dead
                 continue
-            e = graph.eqns[at]
             if type(k) is tuple:
                 init[k[0]] = _created(e)
                 continue
             _, ins, out, n = steps[k]
             fn = _scan_fn(e) if e.op == "scan" else _step_fn(e, n < 0)
             steps[k] = (fn, ins, out, n)
-        for at, i in literals:      # a slot of its own (equal literals share one)
+        for at, fn in (fns or {}).items():
+            k = made.get(id(old[at]))
+            if k is not None:
+                _, ins, out, n = steps[k]
+                steps[k] = (fn, ins, out, n)
+        for at, i, value in literals:      # a slot of its own (equal literals share one)
             k = made.get(id(old[at]))
             if k is None:       # dead
                 continue
             assert type(k) is not tuple, "a constant's equation has no literal inputs"
             fn, ins, out, n = steps[k]
-            init.append(graph.eqns[at].inputs[i].value)
+            init.append(value)
             steps[k] = (fn, ins[:i] + (len(init) - 1,) + ins[i + 1:], out, n)
         return new
 

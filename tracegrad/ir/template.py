@@ -15,13 +15,15 @@ from graphs equal but for integers linear in the count and the trace's own liter
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import numpy as np
 
 from .core import Eqn, Graph, Lit, Var
 from .fission import aval
-from .interpret import program
+from .interpret import program, restep, shapeless
+from .loops import unrolled_size
 
 
 class _Mismatch(Exception):
@@ -31,7 +33,8 @@ class _Mismatch(Exception):
 class Template:
     """A graph with some integers written as a * n + b and some literals taken from the
     traced function's literals outside its loop (see the module docstring)."""
-    __slots__ = ("graph", "ints", "n0", "slots", "lits0", "varied", "changed")
+    __slots__ = ("graph", "ints", "n0", "slots", "lits0", "varied", "changed", "_redo",
+                 "_scans")
 
     def __init__(self, graph: Graph, ints: dict, n0: int, slots: dict, lits0: list):
         self.graph = graph          # the graph for count n0
@@ -49,6 +52,8 @@ class Template:
         changed.update(at for at, e in enumerate(eqns)
                        if any(type(a) is Var and a.id in retyped for a in e.inputs))
         self.changed = sorted(changed)
+        self._redo: list[tuple] | None = None   # see _prepare
+        self._scans: list[tuple] = []
 
     @classmethod
     def derive(cls, g1: Graph, n1: int, lits1: list, g2: Graph, n2: int, lits2: list
@@ -133,18 +138,91 @@ class Template:
 
     def instantiate(self, n: int, lits: list) -> Graph:
         """The graph for count `n` and literals `lits` (fresh variables; everything else
-        shared). Made for counts at least the least one the template was checked with (jit
+        shared), with its interpreter Program. The Program is made at once, from the
+        template's with the steps that change made again; the graph's equations are written
+        when first read (a graph only ever interpreted, as most new lengths are, never needs
+        them). Made for counts at least the least one the template was checked with (jit
         keeps to that); a count giving a negative size or a loop of no steps raises."""
         _check_lits(lits, "instantiate", self.lits0)
-        g = self.graph
+        by_eqn = self._values(n)
+        if self._redo is None:
+            self._prepare()
+        retyped: dict[int, Any] = {}     # template variable id -> its new type
+        probes: dict[int, Eqn] = {}      # stand-ins for the equations whose steps change
+        fns: dict[int, Any] = {}         # or those steps' functions, made directly
+        for at, e, fn in self._redo:
+            changes = by_eqn.get(at, ())
+            shapes = [list(v.aval.shape) for v in e.outvars]
+            params = e.params
+            for where, value in changes:
+                if where[0] == "out":
+                    shapes[where[1]][where[2]] = value
+                else:
+                    params = _set(params, where[1:], value)
+            outs = [aval(tuple(s), v.aval.dtype) for v, s in zip(e.outvars, shapes)]
+            for v, a in zip(e.outvars, outs):
+                retyped[v.id] = a
+            if fn is not None:
+                made = restep(e, fn, params, [
+                    (retyped[a.id] if a.id in retyped else a.aval).shape if type(a) is Var
+                    else a.aval.shape for a in e.inputs] if e.op == "matmul" else None)
+                if made is not None:
+                    fns[at] = made
+                    continue
+            ins = [Var(retyped[a.id]) if type(a) is Var and a.id in retyped else a
+                   for a in e.inputs]
+            probes[at] = Eqn(e.op, ins, [Var(a) for a in outs], params, e.source)
+        literals = [(at, k, lits[j]) for (at, (_, k)), j in self.slots.items()]
+        for at, k, lit in literals:
+            probe = probes.get(at)
+            if probe is not None:
+                probe.inputs[k] = lit
+        graph = _Written(self, n, list(lits), by_eqn)
+        size = self._scans[0]
+        for at, old, body in self._scans[1:]:
+            size += (by_eqn_length(by_eqn, at, old) - old) * body
+        graph.__dict__["_unrolled_size"] = size
+        graph.__dict__["_program"] = program(self.graph).renewed(
+            graph, probes, [(at, k, lit.value) for at, k, lit in literals], fns)
+        return graph
+
+    def _values(self, n: int) -> dict[int, list]:
+        """Per equation position, its (where, value) integers for count `n` (see `_walk`);
+        raises on a negative size or a loop of no steps."""
         by_eqn: dict[int, list] = {}
         for (at, where), (a, b) in self.ints.items():
             value = a * n + b
             if value < (1 if where[-1] == "length" else 0) and (
                     where[0] == "out" or where[-1] == "length"):
                 raise ValueError(f"Template.instantiate: count {n} gives {where[-1]} "
-                                 f"{value} in equation {at} ({g.eqns[at].op})")
+                                 f"{value} in equation {at} ({self.graph.eqns[at].op})")
             by_eqn.setdefault(at, []).append((where, value))
+        return by_eqn
+
+    def _prepare(self) -> None:
+        """Which changed equations' steps must be made again at another count: those whose
+        params change, or whose step depends on the shapes (a step that holds at any shape
+        is shared, see interpret.shapeless; every equation's types are checked when the
+        graph is written). Also the unrolled size's parts (what tiering weighs)."""
+        eqns = self.graph.eqns
+        params_change = {at for at, where in self.ints if where[0] == "param"}
+        prog = program(self.graph)
+        redo = []
+        for at in self.changed:
+            e = eqns[at]
+            if at in params_change or not shapeless(e):
+                k = prog.made.get(id(e))
+                redo.append((at, e, prog.steps[k][0] if type(k) is int else None))
+        self._redo = redo
+        scans: list = [unrolled_size(self.graph)]
+        for at, e in enumerate(eqns):
+            if e.op == "scan" and (at, ("param", "length")) in self.ints:
+                scans.append((at, e.params["length"], unrolled_size(e.params["body"])))
+        self._scans = scans
+
+    def _write(self, n: int, lits: list, by_eqn: dict[int, list]) -> Graph:
+        """The graph for count `n` (see `instantiate`), its equations written out."""
+        g = self.graph
         lits_of: dict[int, list] = {}
         for (at, (_, k)), j in self.slots.items():
             lits_of.setdefault(at, []).append((k, lits[j]))
@@ -183,9 +261,7 @@ class Template:
                 outs.append(w)
             eqns.append(Eqn(e.op, ins, outs, params, e.source))
         outvars = [new[a.id] if type(a) is Var else a for a in g.outvars]
-        graph = Graph(invars, eqns, outvars, constvars, list(g.consts))
-        self.give_program(graph)
-        return graph
+        return Graph(invars, eqns, outvars, constvars, list(g.consts))
 
     def give_program(self, graph: Graph) -> None:
         """Give `graph`, this template's graph for some n, its interpreter Program: the
@@ -193,6 +269,41 @@ class Template:
         if "_program" not in graph.__dict__:
             graph.__dict__["_program"] = program(self.graph).respecialized(
                 graph, self.changed, sorted((at, k) for at, (_, k) in self.slots))
+
+
+def by_eqn_length(by_eqn: dict[int, list], at: int, old: int) -> int:
+    """The length equation `at` (a scan) has in `by_eqn` (see Template._values), else `old`."""
+    for where, value in by_eqn.get(at, ()):
+        if where == ("param", "length"):
+            return value
+    return old
+
+
+_FIELDS = frozenset(("invars", "eqns", "outvars", "constvars", "consts"))
+
+
+class _Written(Graph):
+    """A template's graph for one count whose equations are written when first read
+    (Template.instantiate): running it on the interpreter reads only its Program."""
+
+    def __init__(self, template: Template, n: int, lits: list, by_eqn: dict) -> None:
+        self.__dict__["_source"] = (template, n, lits, by_eqn)
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in _FIELDS:
+            raise AttributeError(name)
+        with _WRITING:      # (one writer: two would mix two sets of variables)
+            d = self.__dict__
+            if name not in d:
+                template, n, lits, by_eqn = d["_source"]
+                g = template._write(n, lits, by_eqn)
+                for k in _FIELDS:
+                    d[k] = getattr(g, k)
+                del d["_source"]
+            return d[name]
+
+
+_WRITING = threading.Lock()
 
 
 def _check_lits(lits: Any, what: str, like: list | None = None) -> None:
