@@ -398,10 +398,10 @@ def compose(order: list, in_vars: list, in_gsrc: list, roots: list) -> tuple[Pla
     """(plan, wrt): the plan (inputs..., root cotangents...) -> (roots..., gradients of the
     inputs `wrt`), from the nodes `order` (a grad_walk's)."""
     c = _Composer(in_vars, roots)
-    locs = c.forward(order)
+    locs, out_slots = c.forward(order)
     for t, k in zip(roots, c.ct_slots, strict=True):
         c.terms.setdefault(c.vslot[t._var.id], []).append(k)
-    c.backward(order, locs)
+    c.backward(order, locs, out_slots)
     wrt = [i for i, g in enumerate(in_gsrc) if g is not None]
     outs = [c.vslot[t._var.id] for t in roots]
     for i in wrt:
@@ -463,10 +463,12 @@ class _Composer:
 
     def forward(self, order: list) -> list:
         """Append the steps of the nodes `order`; returns per node the slot of each of its
-        recipe's numbers. One loop over all nodes, its state in locals: per node this is a
-        few list appends, and attribute traffic would be a good part of it."""
+        recipe's numbers, and the slot of its output (-1 if it has several). One loop over
+        all nodes, its state in locals: per node this is a few list appends, and attribute
+        traffic would be a good part of it."""
         vslot, steps, meta, recipes = self.vslot, self.steps, self.meta, _recipes
-        locs = []
+        locs: list = []
+        out_slots: list = []
         k = self.n
         for n in order:
             tpl = n.tpl
@@ -492,6 +494,7 @@ class _Composer:
                 meta.append((te, n.src, None))
                 loc.append(k)
                 vslot[n.out_vars[0].id] = k
+                out_slots.append(k)
                 k += 1
                 continue
             if fwd.consts:
@@ -513,33 +516,34 @@ class _Composer:
                 meta.append((te, src, None))
             outs = fwd.outs
             if len(outs) == 1:
-                vslot[n.out_vars[0].id] = loc[outs[0]]
+                vslot[n.out_vars[0].id] = out = loc[outs[0]]
+                out_slots.append(out)
             else:
                 for v, i in zip(n.out_vars, outs, strict=True):
                     vslot[v.id] = loc[i]
+                out_slots.append(-1)
         self.n = k
-        return locs
+        return locs, out_slots
 
-    def backward(self, order: list, locs: list) -> None:
-        """Append the reverse pass of the nodes `order` (last first; `locs` as `forward`
-        returned them). A node's outputs' gradients are complete when it is reached. As in
-        `forward`, one loop with its state in locals; `self.n` is written back around the
-        calls that emit steps themselves."""
+    def backward(self, order: list, locs: list, out_slots: list) -> None:
+        """Append the reverse pass of the nodes `order` (last first; `locs` and `out_slots`
+        as `forward` returned them): a node's outputs' gradients are complete when it is
+        reached. As in `forward`, one loop with its state in locals; `self.n` is written back
+        around the calls that emit steps themselves."""
         vslot, terms, shared = self.vslot, self.terms, self.shared
         steps, meta, brecipes, rconsts = self.steps, self.meta, _brecipes, self.recipe_consts
         k = self.n
         for j in range(len(order) - 1, -1, -1):
-            n, loc = order[j], locs[j]
-            outs = n.out_vars
-            if len(outs) == 1:
-                v = outs[0]
-                t = terms.pop(vslot[v.id], None)
+            o = out_slots[j]
+            if o >= 0:      # one output, in slot o
+                t = terms.pop(o, None)
                 if t is None:
                     continue
+                n, loc = order[j], locs[j]
                 x = t[0]
                 if len(t) > 1 or type(x) is list:
                     self.n = k
-                    loc.append(self._sum(t, v.aval))
+                    loc.append(self._sum(t, n.out_vars[0].aval))
                     k = self.n
                 elif type(x) is int:
                     loc.append(x)
@@ -554,8 +558,9 @@ class _Composer:
                     k = self.n
                 has_ct = _ONE
             else:
+                n, loc = order[j], locs[j]
                 self.n = k
-                gouts = [self._total_slot(vslot[v.id], v.aval) for v in outs]
+                gouts = [self._total_slot(vslot[v.id], v.aval) for v in n.out_vars]
                 k = self.n
                 if all(g is None for g in gouts):
                     continue

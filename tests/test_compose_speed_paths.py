@@ -1,0 +1,89 @@
+"""The composer's branches (autograd_compose.forward/backward and the merged weight-gradient
+sums) on small graphs that reach each of them: every composed plan must run as ir.Program runs
+the plan's own graph, bit for bit, and give the gradients the node-by-node engine gives."""
+import numpy as np
+import pytest
+
+import tracegrad as tg
+from tracegrad.tracer import autograd_exec
+
+N = 4
+
+
+def _bodies(W, U, W2):
+    """Loop bodies, each reaching a branch of the composer the plain RNN does not."""
+    return {
+        # a weight read at every step by one recipe step: its products merged into one matmul
+        "plain": lambda h, x: tg.tanh(h @ W + x @ U),
+        # a node's output read as a matmul's right operand: a lone product whose left operand
+        # is a deferred transpose, emitted when that node's reverse pass reads it
+        "right": lambda h, x: tg.tanh(x @ tg.tanh(W) + h @ U),
+        # recipes with literals (forward and reverse constants) and several uses of `h`
+        "consts": lambda h, x: tg.tanh(h @ W * 0.5 + x @ U - 1.0) + 0.25 * h,
+        # `h` read by two matmuls (its transpose shared), two weights of one type
+        "shared": lambda h, x: tg.sigmoid(h @ W + h @ W2 + x @ U),
+        # products of two operand types for one weight: merged per type
+        "types": lambda h, x: tg.tanh(h @ W + tg.concatenate([x, x])[:1] @ U
+                                      + (tg.concatenate([h, h]) @ W2)[1:]),
+        # a node of three arguments, one of them without a gradient
+        "three": lambda h, x: tg.tanh(tg.concatenate([h, x, 2.0 * h]) @ W)[2:] + x @ U,
+    }
+
+
+def _loss(T, W, U, W2, xs, body):
+    h = tg.zeros(1, N, dtype=W.dtype)
+    for t in range(T):
+        h = _bodies(W, U, W2)[body](h, xs[t])
+    return (h * h).sum()
+
+
+def _composed(monkeypatch) -> list:
+    """The plans `compose` makes from now on."""
+    plans = []
+    compose = autograd_exec.compose
+
+    def spy(*args):
+        made = compose(*args)
+        plans.append(made[0])
+        return made
+    monkeypatch.setattr(autograd_exec, "compose", spy)
+    return plans
+
+
+@pytest.mark.parametrize("body", ["plain", "right", "consts", "shared", "types",
+                                  "three"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_composed_plans_run_as_their_graphs_and_match_the_engine(monkeypatch, body, dtype):
+    rng = np.random.default_rng(5)
+    w, u, w2 = ((rng.standard_normal((N, N)) / 2).astype(dtype) for _ in range(3))
+    xs = rng.standard_normal((6, 1, N)).astype(dtype)
+    for cache in vars(autograd_exec).values():     # plans of these graphs made by other tests
+        if isinstance(cache, autograd_exec._LRU):
+            cache.items.clear()
+    plans = _composed(monkeypatch)
+    W, U, W2 = (tg.tensor(a, requires_grad=True) for a in (w, u, w2))
+    ts = [tg.tensor(x) for x in xs]
+    for T in (1, 2, 3, 6):
+        for t in (W, U, W2):
+            t.grad = None
+        _loss(T, W, U, W2, ts, body).backward()
+        got = [t.grad for t in (W, U, W2)]
+        # the reference: a hook on the loss makes the node-by-node engine run
+        Wr, Ur, W2r = (tg.tensor(a, requires_grad=True) for a in (w, u, w2))
+        loss = _loss(T, Wr, Ur, W2r, ts, body)
+        loss.register_hook(lambda g: g)
+        loss.backward()
+        for g, r in zip(got, (Wr.grad, Ur.grad, W2r.grad), strict=True):
+            assert (g is None) == (r is None)
+            if g is not None:
+                np.testing.assert_allclose(g.numpy(), r.numpy(), atol=1e-6,
+                                           rtol=1e-5 if dtype == np.float32 else 1e-12)
+    assert len(plans) == 4, "each length should have been composed once"
+    for plan in plans:
+        args = [rng.standard_normal(v.aval.shape).astype(v.aval.dtype) for v in plan.in_vars]
+        outs = plan(args)
+        refs = autograd_exec.execute_interpreted(plan.graph(), args)
+        assert len(outs) == len(refs)
+        for o, r in zip(outs, refs, strict=True):
+            assert o.dtype == r.dtype and o.shape == r.shape
+            np.testing.assert_array_equal(o, r)
