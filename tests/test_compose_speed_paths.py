@@ -1,11 +1,15 @@
 """The composer's branches (autograd_compose.forward/backward and the merged weight-gradient
 sums) on small graphs that reach each of them: every composed plan must run as ir.Program runs
-the plan's own graph, bit for bit, and give the gradients the node-by-node engine gives."""
+the plan's own graph, bit for bit, and give the gradients the node-by-node engine gives; and
+the types of the steps the composer makes itself, found without the ops' rules, must be the
+rules' types."""
 import numpy as np
 import pytest
 
 import tracegrad as tg
-from tracegrad.tracer import autograd_exec
+from tracegrad.ir.core import Aval
+from tracegrad.ir.ops import OPS
+from tracegrad.tracer import autograd_compose, autograd_exec
 
 N = 4
 
@@ -87,3 +91,23 @@ def test_composed_plans_run_as_their_graphs_and_match_the_engine(monkeypatch, bo
         for o, r in zip(outs, refs, strict=True):
             assert o.dtype == r.dtype and o.shape == r.shape
             np.testing.assert_array_equal(o, r)
+
+
+@pytest.mark.parametrize("op,shapes", [("transpose", [(3, 5)]), ("transpose", [(1, 4)]),
+                                       ("matmul", [(5, 3), (3, 2)]),
+                                       ("matmul", [(64, 7), (7, 64)])])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_composer_made_types_are_the_rules_types(op, shapes, dtype):
+    ins = tuple(Aval(s, np.dtype(dtype)) for s in shapes)
+    params = {"perm": (1, 0)} if op == "transpose" else {}
+    assert autograd_compose._synth_type(op, ins) == OPS[op].rule(*ins, **params)
+    _, e = autograd_compose._synth(op, ins)
+    assert e.outvars[0].aval == OPS[op].rule(*ins, **params)
+
+
+def test_composer_made_types_leave_other_cases_to_the_rule():
+    f32, i32 = np.dtype(np.float32), np.dtype(np.int32)
+    assert autograd_compose._synth_type("matmul", (Aval((2, 3), f32), Aval((3,), f32))) is None
+    assert autograd_compose._synth_type("matmul", (Aval((2, 3), f32), Aval((3, 2), i32))) is None
+    assert autograd_compose._synth_type("matmul", (Aval((2, 3), i32), Aval((3, 2), i32))) is None
+    assert autograd_compose._synth_type("transpose", (Aval((2, 3, 4), f32),)) is None

@@ -315,10 +315,23 @@ def _synth(op: str, ins: tuple, axis: int | None = None) -> tuple:
             v = Var(a)      # (one variable read n times: only the types are read)
             e = Eqn(op, [v] * len(ins), [Var(out)], params, None)
         else:
-            out = OPS[op].rule(*ins, **params)
+            out = _synth_type(op, ins) or OPS[op].rule(*ins, **params)
             e = Eqn(op, [Var(a) for a in ins], [Var(out)], params, None)
         hit = _synthetic[key] = (_synth_fn(op, ins, out, axis) or _step_fn(e, False), e)
     return hit
+
+
+def _synth_type(op: str, ins: tuple) -> Aval | None:
+    """The rule's result type of a 2-d transpose, or a 2-d matmul of one dtype, made without
+    the rule's checks (every new length makes new ones); None for anything else."""
+    a, b = ins[0], ins[-1]
+    if len(a.shape) != 2 or len(b.shape) != 2 or a.dtype != b.dtype:
+        return None
+    if op == "transpose":
+        return Aval(a.shape[::-1], a.dtype)
+    if op == "matmul" and a.shape[1] == b.shape[0] and a.dtype.kind == "f":
+        return Aval((a.shape[0], b.shape[1]), a.dtype)
+    return None
 
 
 _concatenate: dict = {}     # axis -> step function
@@ -328,7 +341,8 @@ def _synth_fn(op: str, ins: tuple, out: Aval, axis: int | None) -> Callable | No
     """The function ir.Program picks for a composer-made equation (interpret._fast_fn), found
     without its general lookup (a new length makes new concatenations: this is their cost).
     None where that lookup is needed."""
-    if not out.shape or any(a.dtype != out.dtype for a in ins):
+    if not out.shape or any(a.dtype != out.dtype for a in (ins[:1] if op == "concatenate"
+                                                            else ins)):     # (one type)
         return None
     if op == "concatenate":
         fn = _concatenate.get(axis)
