@@ -6,6 +6,7 @@ from per-op backward templates, see autograd_compose)."""
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 from typing import Any
 
@@ -14,10 +15,11 @@ import numpy as np
 from .. import ir
 from ..ir.core import Var
 from .autograd_compose import NoTemplate, Plan, compose, compose_graph
-from .autograd_graph import AccumulateGrad, Inplace, Node, check_saved
+from .autograd_graph import AccumulateGrad, Inplace, Node, check_saved, plain_extras
 from ..config import config
 from . import executor
 from .executor import compile_graph
+from .grad_mode import mode
 
 CACHE_SIZE = 512
 # Roughly what compiling costs per equation (cold); interpretation time is weighed against it.
@@ -348,9 +350,19 @@ def fast_backward(roots: list, grads: list, retain: bool) -> bool:
     for n in fns:
         if type(n) is not Node:
             return False
+    tape = mode.state.tape
+    found = tape_walk(tape, roots[0]) if len(roots) == 1 else None
+    if found is not None:
+        known = _tape_plans.get(found)
+        if known is not None:
+            ins = _tape_inputs(tape, known)
+            if ins is not None:
+                _run_backward(known[0], roots, grads, ins[0], ins[1], ins[2], retain)
+                return True
     try:
         w = grad_walk(fns)
         if w is None:
+            found = None
             w = walk(fns, grad=True)
             if w.pending:   # compute pending leaf values (optimizer updates) first
                 realize_vars(w.pending)
@@ -379,7 +391,17 @@ def fast_backward(roots: list, grads: list, retain: bool) -> bool:
         entry = _backward_graph(w, roots)
         if key is not None:
             _grad_graphs.put(key, entry)
-    vals = entry(w.in_vals + grads)
+    if found is not None and key is not None:
+        _tape_plans.put(found, _tape_recipe(tape, w, entry))
+    _run_backward(entry, roots, grads, w.in_vals, w.in_gsrc, w.order, retain)
+    return True
+
+
+def _run_backward(entry: CachedGraph, roots: list, grads: list, in_vals: list, in_gsrc: list,
+                  order: list, retain: bool) -> None:
+    """Run a backward plan and hand out its results: the roots' values, the leaves' grads;
+    free the graph unless retained."""
+    vals = entry(in_vals + grads)
     for t, v in zip(roots, vals, strict=False):
         n = t._fn
         if n.values is None:
@@ -389,7 +411,6 @@ def fast_backward(roots: list, grads: list, retain: bool) -> bool:
         t._value = v
     if Tensor is None:
         _bind_tensor()
-    in_gsrc = w.in_gsrc
     leaves = [in_gsrc[slot].variable for slot in entry.extra]
     gs = vals[len(roots):]
     if len(leaves) > 1 and len({id(leaf) for leaf in leaves}) < len(leaves):
@@ -406,10 +427,107 @@ def fast_backward(roots: list, grads: list, retain: bool) -> bool:
         else:
             assign_(old, old._val() + g)
     if not retain:      # (nothing was packed: grad_walk and walk leave those to the engine)
-        for n in w.order:
+        for n in order:
             if n.grad:
                 n.freed = True
-    return True
+    mode.state.tape.clear()
+
+
+# (tape key, root) -> (plan, where each input is found, which nodes the plan covers)
+_tape_plans = _LRU(CACHE_SIZE)
+
+
+def tape_walk(tape: Any, root: Any) -> tuple | None:
+    """The structural key of the graph on `tape` (this thread's differentiable nodes since
+    its last backward, in recording order; see tensor_record) ending at tensor `root`; None if
+    the tape cannot vouch for what grad_walk would find. Per node: its signature (which fixes
+    its IR and number of inputs), then per input a reference to an earlier node of the tape
+    (`-1 - position`) or an input slot (numbered by variable, with _WRT if gradients flow
+    into it); then the root's position. One pass in recording order, no search or sort.
+
+    Two tapes with one key hold graphs that grad_walk finds alike and walks alike (a walk
+    follows only nodes of the tape, and recording order is creation order), so a backward
+    seen before reuses the plan and reads its inputs from the same entries. The key is
+    refused where grad_walk's checks could come out otherwise: a node freed, without a
+    signature, with a hook, retained grad or unpack hook; an input from a node not on the
+    tape (recorded before it began) or not its first output; a no-grad use of a
+    differentiable value; a value read both with and without a gradient; an in-place change
+    since the first node (so no saved value changed). Leaf hooks and pending values are
+    checked when the inputs are read (_tape_inputs)."""
+    if not tape or tape[0].epoch != Inplace.epoch:
+        return None
+    base = next(_bases) << 32    # numbers no other walk uses: marks of others never match
+    key = []
+    append = key.append
+    slots: dict[int, int] = {}
+    for i, n in enumerate(tape):
+        sig = n.sig
+        if sig is None or n.freed or n.x is not None and not plain_extras(n.x):
+            return None
+        n.w = base + i
+        append(sig)
+        for var, gsrc, vsrc in n.args:
+            if type(gsrc) is Node:
+                r = gsrc.w - base
+                if 0 <= r < i and gsrc.out_vars[0] is var:
+                    append(-1 - r)
+                    continue
+            elif gsrc is None:
+                if type(vsrc) is not Node or not vsrc.grad:
+                    k = slots.get(var.id)
+                    if k is None:
+                        k = slots[var.id] = len(slots)
+                    if k < _WRT:
+                        append(k)
+                        continue
+            elif type(gsrc) is AccumulateGrad:
+                k = slots.get(var.id)
+                if k is None:
+                    k = slots[var.id] = len(slots) | _WRT
+                if k >= _WRT:
+                    append(k)
+                    continue
+            return None
+    n = root._fn
+    r = n.w - base
+    if not 0 <= r < len(tape) or n.out_vars[0] is not root._var:
+        return None
+    append(-1 - r)
+    return tuple(key)
+
+
+_bases = itertools.count(1)     # walks number nodes from base = next(_bases) << 32
+
+
+def _tape_recipe(tape: Any, w: Walk, entry: CachedGraph) -> tuple:
+    """Where a grad walk's inputs and nodes are on the tape, to gather them again from a tape
+    with the same key: (plan, per input (node position, entry index), node positions)."""
+    at = {id(n): i for i, n in enumerate(tape)}
+    first: dict[int, tuple[int, int]] = {}
+    for i, n in enumerate(tape):
+        for j, e in enumerate(n.args):
+            first.setdefault(id(e[0]), (i, j))
+    return (entry, tuple(first[id(v)] for v in w.in_vars), tuple(at[id(n)] for n in w.order))
+
+
+def _tape_inputs(tape: Any, recipe: tuple) -> tuple[list, list, list] | None:
+    """(input values, where their gradients go, the nodes) for a tape whose key is known, or
+    None where grad_walk would not have taken the one-graph backward: a pending value, a hook
+    on a leaf."""
+    in_vals = []
+    in_gsrc = []
+    for i, j in recipe[1]:
+        var, gsrc, vsrc = tape[i].args[j]
+        if type(vsrc) is Node:
+            vals = vsrc.values
+            vsrc = None if vals is None else vals.get(var.id)
+            if vsrc is None:
+                return None
+        if gsrc is not None and (gsrc.post_hooks or gsrc.variable._get("hooks")):
+            return None
+        in_vals.append(vsrc)
+        in_gsrc.append(gsrc)
+    return in_vals, in_gsrc, [tape[i] for i in recipe[2]]
 
 
 # In a walk's key, an input's first reference is its slot, with this bit if it needs a gradient.
@@ -427,15 +545,15 @@ def grad_walk(roots: list[Node]) -> Walk | None:
     """`walk(roots, grad=True)` for the common case — every node has a signature, nothing
     is pending or recomputed — in one flat loop: nodes are numbered as they are found
     (breadth first from the roots, marked in their `w` slot with base + number, from a base
-    no earlier walk used), so the key can be written as they are visited. The nodes are then
+    no other walk uses), so the key can be written as they are visited. The nodes are then
     put in recording order (a node's output variables are made after all of its inputs'),
     which the key also records, as the plan depends on it. Returns None when the general
     walk is needed."""
-    global _walk_base
-    base = _walk_base
+    base = next(_bases) << 32
+    top = base + (1 << 32)
     nodes: list[Node] = []
     for r in roots:
-        if type(r.w) is not int or r.w < base:
+        if not base <= r.w < top:
             r.w = base + len(nodes)
             nodes.append(r)
     w = Walk()
@@ -445,56 +563,53 @@ def grad_walk(roots: list[Node]) -> Walk | None:
     append = key.append
     epoch = Inplace.epoch
     suspects = uses = None
-    try:
-        for n in nodes:     # grows while iterating
-            sig = n.sig
-            if sig is None or n.x is not None and not _plain_extras(n):
-                return None
-            append(sig)
-            for var, gsrc, vsrc in n.args:
-                if type(gsrc) is Node:
-                    m = gsrc.w
-                    if type(m) is not int or m < base:
-                        m = gsrc.w = base + len(nodes)
-                        nodes.append(gsrc)
-                    outs = gsrc.out_vars
-                    pos = 0 if outs[0] is var else _out_index(gsrc, var)
-                    if pos < 0 or not gsrc.grad:
-                        raise Bail
-                    append(-1 - ((m - base) << 16 | pos) if pos < 65536 else (m - base, pos))
-                    continue
-                k = slots.get(var.id)
-                if k is None:
-                    if gsrc is None:
-                        if type(vsrc) is Node:
-                            if vsrc.grad:   # a no-grad use of a value of this walk? (below)
-                                uses = [vsrc] if uses is None else uses + [vsrc]
-                            vsrc = _cached(vsrc, var)
-                            if vsrc is None:
-                                return None     # computed without grad: the general walk
-                    elif type(gsrc) is not AccumulateGrad or gsrc.post_hooks or \
-                            gsrc.variable._get("hooks"):
-                        return None
-                    elif type(vsrc) is Node:
+    for n in nodes:     # grows while iterating
+        sig = n.sig
+        if sig is None or n.x is not None and not plain_extras(n.x):
+            return None
+        append(sig)
+        for var, gsrc, vsrc in n.args:
+            if type(gsrc) is Node:
+                m = gsrc.w
+                if not base <= m < top:
+                    m = gsrc.w = base + len(nodes)
+                    nodes.append(gsrc)
+                outs = gsrc.out_vars
+                pos = 0 if outs[0] is var else _out_index(gsrc, var)
+                if pos < 0 or not gsrc.grad:
+                    raise Bail
+                append(-1 - ((m - base) << 16 | pos) if pos < 65536 else (m - base, pos))
+                continue
+            k = slots.get(var.id)
+            if k is None:
+                if gsrc is None:
+                    if type(vsrc) is Node:
+                        if vsrc.grad:   # a no-grad use of a value of this walk? (below)
+                            uses = [vsrc] if uses is None else uses + [vsrc]
                         vsrc = _cached(vsrc, var)
                         if vsrc is None:
-                            return None     # a pending leaf value
-                    k = slots[var.id] = len(in_vars)
-                    in_vars.append(var)
-                    in_vals.append(vsrc)
-                    in_gsrc.append(gsrc)
-                    append(k if gsrc is None else k | _WRT)
-                    continue
-                if (gsrc is None) != (in_gsrc[k] is None):
-                    raise Bail    # read both with and without a gradient
-                append(k)
-            if n.grad and n._saved and (n.freed or n.epoch != epoch):
-                suspects = [n] if suspects is None else suspects + [n]
-    finally:
-        _walk_base = base + len(nodes)
+                            return None     # computed without grad: the general walk
+                elif type(gsrc) is not AccumulateGrad or gsrc.post_hooks or \
+                        gsrc.variable._get("hooks"):
+                    return None
+                elif type(vsrc) is Node:
+                    vsrc = _cached(vsrc, var)
+                    if vsrc is None:
+                        return None     # a pending leaf value
+                k = slots[var.id] = len(in_vars)
+                in_vars.append(var)
+                in_vals.append(vsrc)
+                in_gsrc.append(gsrc)
+                append(k if gsrc is None else k | _WRT)
+                continue
+            if (gsrc is None) != (in_gsrc[k] is None):
+                raise Bail    # read both with and without a gradient
+            append(k)
+        if n.grad and n._saved and (n.freed or n.epoch != epoch):
+            suspects = [n] if suspects is None else suspects + [n]
     if uses is not None:
         for v in uses:
-            if type(v.w) is int and v.w >= base:
+            if base <= v.w < top:
                 raise Bail    # a no-grad use of a differentiable value
     order = sorted(nodes, key=_first_var_id)
     append(tuple([n.w - base for n in order]))
@@ -507,16 +622,6 @@ def grad_walk(roots: list[Node]) -> Walk | None:
         w.index[id(r)] = r.w - base
     return w
 
-
-_walk_base = 0
-
-
-def _plain_extras(n: Node) -> bool:
-    """Whether what a node has beyond the common case (see autograd_graph._Extras) leaves
-    it to the one-graph backward: a Function context kept as a dict (pow's exponent)."""
-    x = n.x
-    return not (x.pre_hooks or x.post_hooks or x.tensor_hooks or x.retains or x.leaf_chain
-                or x.hooked or x.fn_ctx is not None and type(x.fn_ctx) is not dict)
 
 
 def _first_var_id(n: Node) -> int:

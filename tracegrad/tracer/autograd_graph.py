@@ -148,6 +148,13 @@ class Inplace:
         Inplace.epoch += 1
 
 
+def plain_extras(x: _Extras) -> bool:
+    """Whether what a node has beyond the common case leaves it to the one-graph backward: at
+    most a Function context kept as a dict (pow's exponent)."""
+    return not (x.pre_hooks or x.post_hooks or x.tensor_hooks or x.retains or x.leaf_chain
+                or x.hooked or x.fn_ctx is not None and type(x.fn_ctx) is not dict)
+
+
 class Node:
     """One recorded Tensor op. When it requires grad it is the `grad_fn` of its outputs."""
     __slots__ = ("_eqns", "tpl", "src", "args", "out_vars", "values", "name_", "grad",
@@ -168,7 +175,7 @@ class Node:
         self.sig: int | None = None             # what determines the IR (tensor_record.record)
         self.epoch = Inplace.epoch
         self.x: _Extras | None = None
-        self.w: Any = None          # a mark of the last grad walk (autograd_exec.grad_walk)
+        self.w = -1     # a mark of the last walk that numbered it (autograd_exec)
 
     @property
     def saved(self) -> list[SavedTensor] | None:

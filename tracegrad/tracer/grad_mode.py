@@ -1,17 +1,47 @@
 """Grad modes: `no_grad`, `enable_grad`, `set_grad_enabled`, `inference_mode` (thread-local,
-nestable, usable as context managers and as decorators), and the saved-tensor hook stack."""
+nestable, usable as context managers and as decorators), the saved-tensor hook stack, and
+the tape of nodes recorded since the last backward."""
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 from typing import Any, Callable
 
 
-class _Mode(threading.local):
+TAPE_LIMIT = 4096
+
+
+class ThreadMode:
+    """One thread's modes in plain slots. Recording reads several of them on every op, and
+    each attribute of a thread-local costs a lookup of the thread's dict: recording reads
+    `mode.state` once and then these."""
+    __slots__ = ("grad", "inference", "saved_hooks", "tape")
+
     def __init__(self) -> None:
         self.grad = True          # record autograd graphs
         self.inference = False    # inference mode: no graphs, results are inference tensors
         self.saved_hooks: list[tuple[Callable, Callable]] = []
+        # The differentiable nodes this thread recorded since its last backward, in order
+        # (see autograd_exec.tape_walk); past TAPE_LIMIT the oldest drop out.
+        self.tape: collections.deque = collections.deque(maxlen=TAPE_LIMIT)
+
+
+def _field(name: str) -> property:
+    return property(lambda self: getattr(self.state, name),
+                    lambda self, value: setattr(self.state, name, value))
+
+
+class _Mode(threading.local):
+    """The calling thread's ThreadMode, its fields also readable and settable here."""
+
+    def __init__(self) -> None:
+        self.state = ThreadMode()
+
+    grad = _field("grad")
+    inference = _field("inference")
+    saved_hooks = _field("saved_hooks")
+    tape = _field("tape")
 
 
 mode = _Mode()

@@ -57,7 +57,7 @@ class Tensor:
         t._fn = None
         t._rg = requires_grad
         t._vc = [0]
-        t._x = {"inference": True} if mode.inference else None
+        t._x = {"inference": True} if mode.state.inference else None
         return t
 
     @staticmethod

@@ -15,7 +15,7 @@ from .grad_mode import mode
 from .indexing import _expand as expand_index
 from .indexing import getitem
 from .tensor import Tensor, record
-from .tensor_record import record_binary, record_unary
+from .tensor_record import binary_methods, record_binary, record_unary
 
 _DTYPES = {"float": np.float32, "double": np.float64, "half": np.float16, "int": np.int32,
            "long": np.int64, "bool": np.bool_}
@@ -44,7 +44,7 @@ for _n, (_f, _stem) in {"add": (tnp.add, "Add"), "sub": (tnp.sub, "Sub"),
                         "mul": (tnp.mul, "Mul"), "truediv": (tnp.div, "Div"),
                         "pow": (tnp.pow, "Pow"), "matmul": (tnp.matmul, "Mm"),
                         "floordiv": (tnp.floor_divide, "FloorDiv")}.items():
-    _op, _rop = _binary(_f, _stem)
+    _op, _rop = binary_methods(_r(_f), _stem)
     setattr(Tensor, f"__{_n}__", _op)
     setattr(Tensor, f"__r{_n}__", _rop)
 

@@ -21,6 +21,7 @@ from .grad_mode import mode
 from .tensor import Tensor
 
 _new = object.__new__
+_var_ids = _core._ids     # (Var.__init__'s counter)
 
 
 class _Recorder(threading.local):
@@ -121,7 +122,7 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
         from .random import next_seed  # a graph input, so graphs hash alike across steps
         kwargs = dict(kwargs, seed=np.asarray(next_seed(), np.int64))
     b = _rec.builder
-    grad_on = mode.grad and grad
+    grad_on = mode.state.grad and grad
     entries: list = []
     seen: dict[int, Traced] = {}
     desc: list = [fn]
@@ -226,6 +227,7 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
                 _names[(name, sig)] = gname
         node.name_ = gname
         _save(node, name, args, results[0])
+        _push(node)
     if key is not None and sig is not None:
         touts = tpl[2]
         single = len(touts) == 1 and touts[0] is not None and tpl[3] is None
@@ -250,7 +252,7 @@ def _results(node: Node, out_vars: list, requires: bool) -> list:
         if differentiable:
             node.grad = True
         results.append(Tensor._from_var(v, node, node if differentiable else None))
-    if mode.inference:
+    if mode.state.inference:
         for t in results:
             if t is not None:
                 t._x = {"inference": True}
@@ -303,6 +305,8 @@ def record_unary(fn: Callable, name: str, a: Tensor, depth: int = 2) -> Any:
         aval = a._var.aval
         hit = _fast.get((fn, name, aval.shape, aval.dtype))
         if hit is not None:
+            if hit[3] is not None:
+                return _replay1(hit, name, a, None, depth + 1)
             return _replay(hit, name, (a,), (a,), True, depth + 2)
     return record(fn, name, (a,), {})
 
@@ -321,6 +325,8 @@ def record_binary(fn: Callable, name: str, a: Any, b: Any, depth: int = 2) -> An
             hit = _fast.get((fn, name, aa.shape, aa.dtype, ab.shape, ab.dtype))
             tensors = (a, b)
         if hit is not None:
+            if hit[3] is not None:
+                return _replay1(hit, name, a, b, depth + 1)
             return _replay(hit, name, (a, b), tensors, True, depth + 2)
     return record(fn, name, (a, b), {})
 
@@ -332,7 +338,7 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
     tpl, gname, saves, aval, float_out, sig = hit
     entries = []
     requires = False
-    if grad and mode.grad:
+    if grad and mode.state.grad:
         for a in tensors:
             gsrc = a._fn
             if gsrc is None and a._rg:      # a leaf: its AccumulateGrad, while it lives
@@ -361,6 +367,7 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
                 _save(node, name, args, results[0], saves)
             else:
                 node.saved = ()
+            _push(node)
         out_type = tpl[3]
         if out_type is None:
             return results[0]
@@ -381,13 +388,13 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
     node.freed = False
     node.epoch = Inplace.epoch
     node.x = None
-    node.w = None
+    node.w = -1
     t = _new(Tensor)
     t._var = v
     t._value = None
     t._node = node
     t._vc = [0]
-    t._x = {"inference": True} if mode.inference else None
+    t._x = {"inference": True} if mode.state.inference else None
     if requires and float_out:
         node.grad = True
         node.sig = sig + 1
@@ -396,7 +403,7 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
         t._rg = True
         if not saves:
             node._saved = ()
-        elif saves is _IO and not mode.saved_hooks:     # (0, 1): matmul, mul, div ...
+        elif saves is _IO and not mode.state.saved_hooks:     # (0, 1): matmul, mul, div ...
             a, b = args
             if type(a) is Tensor and type(b) is Tensor and \
                     (a._x is None or not a._x.get("inference")) and \
@@ -408,10 +415,11 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
                     (((b, b._var, vb, vb[0], 1),) if keep_b else ())
             else:
                 _save(node, name, args, t, saves)
-        elif saves is _RESULT and not mode.saved_hooks:
+        elif saves is _RESULT and not mode.state.saved_hooks:
             node._saved = ((None, v, t._vc, 0, "result"),)
         else:
             _save(node, name, args, t, saves)
+        _push(node)
     else:
         node.grad = False
         node.sig = sig
@@ -420,6 +428,149 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
         t._fn = None
         t._rg = False
     return t
+
+
+def binary_methods(fn: Callable, name: str) -> tuple[Callable, Callable]:
+    """`Tensor.__op__` and `__rop__` for the binary `tg` function `fn`: `record_binary`, with
+    its commonest case (two Tensors, an op seen before) inlined, one call less per op."""
+    fast = _fast
+
+    def op(a: Tensor, b: Any) -> Any:
+        if type(b) is Tensor and type(a) is Tensor and not _trace_state.stack:
+            va, vb = a._var, b._var
+            if va is not vb:
+                aa, ab = va.aval, vb.aval
+                hit = fast.get((fn, name, aa.shape, aa.dtype, ab.shape, ab.dtype))
+                if hit is not None and hit[3] is not None:
+                    return _replay1(hit, name, a, b, 2)
+        return record_binary(fn, name, a, b)
+
+    def rop(b: Tensor, a: Any) -> Any:
+        return record_binary(fn, name, a, b)
+    return op, rop
+
+
+def _replay1(hit: tuple, name: str, a: Tensor, b: Tensor | None, depth: int) -> Tensor:
+    """`_replay` of an op with one output and Tensor arguments `a` and `b` (None: a unary
+    op), the common case, written out: its variable, node and tensor are made here directly,
+    and a differentiable node goes on this thread's tape (see autograd_exec.tape_walk). The user's
+    line is looked for from `depth` frames above this function."""
+    tpl, gname, saves, aval, float_out, sig = hit
+    st = mode.state
+    if st.grad:
+        ga = a._fn
+        if ga is None and a._rg:    # a leaf: its AccumulateGrad, while it lives (as _gsrc)
+            x = a._x
+            ref = x.get("acc") if x is not None else None
+            ga = ref() if ref is not None else None
+            if ga is None:
+                ga = a._gsrc()
+        val = a._value
+        ea = (a._var, ga, a._node if val is None else val)
+        if b is None or b._var is a._var:
+            entries = (ea,)
+            requires = ga is not None
+        else:
+            gb = b._fn
+            if gb is None and b._rg:
+                x = b._x
+                ref = x.get("acc") if x is not None else None
+                gb = ref() if ref is not None else None
+                if gb is None:
+                    gb = b._gsrc()
+            val = b._value
+            entries = (ea, (b._var, gb, b._node if val is None else val))
+            requires = ga is not None or gb is not None
+    else:
+        val = a._value
+        entries = ((a._var, None, a._node if val is None else val),)
+        if b is not None and b._var is not a._var:
+            val = b._value
+            entries += ((b._var, None, b._node if val is None else val),)
+        requires = False
+    v = _new(Var)
+    v.aval = aval
+    v.id = next(_var_ids)
+    node = _new(Node)
+    node._eqns = None
+    node.tpl = tpl
+    f = sys._getframe(depth)     # the user's line: user_source's common case inline
+    code = f.f_code
+    last = _last_site      # (one read: another thread may replace it)
+    info = last[1] if last[0] is code else _site(code)
+    line = info[1].get(f.f_lasti) if info else None
+    node.src = line if line is not None else _new_site(depth + 1)
+    node.args = entries
+    node.out_vars = [v]
+    node.values = None
+    node.freed = False
+    node.epoch = Inplace.epoch
+    node.x = None
+    node.w = -1
+    t = _new(Tensor)
+    t._var = v
+    t._value = None
+    t._node = node
+    t._vc = [0]
+    t._x = {"inference": True} if st.inference else None
+    if not (requires and float_out):
+        node.grad = False
+        node.sig = sig
+        node.name_ = ""
+        node._saved = None
+        t._fn = None
+        t._rg = False
+        return t
+    node.grad = True
+    node.sig = sig + 1
+    node.name_ = gname
+    t._fn = node
+    t._rg = True
+    if not saves:
+        node._saved = ()
+    elif saves is _RESULT and not st.saved_hooks:
+        node._saved = ((None, v, t._vc, 0, "result"),)
+    elif saves is _IO and b is not None and not st.saved_hooks and \
+            (a._x is None or not a._x.get("inference")) and \
+            (b._x is None or not b._x.get("inference")):    # (0, 1): matmul, mul, div ...
+        va, vb = a._vc, b._vc
+        if a._rg and b._rg:
+            node._saved = ((a, a._var, va, va[0], 0), (b, b._var, vb, vb[0], 1))
+        else:
+            keep_a = b._rg or name not in _EITHER and name != "Div"
+            keep_b = a._rg or name not in _EITHER
+            node._saved = (((a, a._var, va, va[0], 0),) if keep_a else ()) + \
+                (((b, b._var, vb, vb[0], 1),) if keep_b else ())
+    else:
+        _save(node, name, (a,) if b is None else (a, b), t, saves)
+    st.tape.append(node)
+    return t
+
+
+def _push(node: Node) -> None:
+    """Put a differentiable node on this thread's tape (see autograd_exec.tape_walk)."""
+    mode.state.tape.append(node)
+
+
+def _site(code: Any) -> tuple | None:
+    """builder's record of a code object (None: tracegrad's own), kept as the last one looked
+    up: a loop recording ops comes from one function, so most ops skip the lookup."""
+    global _last_site
+    info = _CODE_SITES.get(id(code))
+    if info:
+        _last_site = (code, info)
+    return info
+
+
+_last_site: tuple = (None, None)
+
+
+def _new_site(depth: int) -> str | None:
+    """user_source(depth), for a line not seen before: it may fill a record other than the
+    one kept as the last (builder's table is emptied when full), so that one is dropped."""
+    global _last_site
+    _last_site = (None, None)
+    return user_source(depth)
 
 
 def _out_vars(touts: list) -> list:
@@ -512,7 +663,7 @@ def _save(node: Node, name: str, args: tuple, result: Tensor | None,
         if not slots:
             node.saved = ()
             return
-    hooks = mode.saved_hooks
+    hooks = mode.state.saved_hooks
     hooks = hooks[-1] if hooks else None
     saved = []
     for s in slots:
