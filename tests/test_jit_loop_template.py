@@ -201,6 +201,66 @@ def test_instantiate_writes_the_graph_only_when_read(data):
                                      static_argnums=(3,))(W, U, xs, T))
 
 
+def test_remade_matmul_reads_the_new_types_of_reused_steps():
+    """A matmul whose operands come from steps reused as they are (neg, transpose: the same
+    function at any shape) picks its function from their new types: its contraction is 1
+    at the template's count, 4 at this one (review)."""
+    from tracegrad.ir.interpret import Program, program
+    f32 = np.dtype(np.float32)
+
+    def graph(k):
+        x = tg.ir.Var(tg.ir.Aval((20, 4), f32))
+        s, t = tg.ir.Var(tg.ir.Aval((k, 4), f32)), tg.ir.Var(tg.ir.Aval((k, 4), f32))
+        tt, m = tg.ir.Var(tg.ir.Aval((4, k), f32)), tg.ir.Var(tg.ir.Aval((4, 4), f32))
+        return tg.ir.Graph([x], [
+            tg.ir.Eqn("slice", [x], [s], {"index": ((0, k, 1), (0, 4, 1))}),
+            tg.ir.Eqn("neg", [s], [t], {}), tg.ir.Eqn("transpose", [t], [tt], {"perm": (1, 0)}),
+            tg.ir.Eqn("matmul", [tt, t], [m], {})], [m])
+    x = np.random.default_rng(0).standard_normal((20, 4)).astype(np.float32)
+    for n1, n2, n in [(3, 4, 6), (6, 5, 3)]:
+        t = Template.derive(graph(n1 - 2), n1, [], graph(n2 - 2), n2, [])
+        made = t.instantiate(n, [])
+        fresh = Program(graph(n - 2))
+        assert [s[0] for s in program(made).steps][-1] is fresh.steps[-1][0]
+        assert _same(program(made)([x]), fresh([x]))
+
+
+def test_threads_making_the_first_templated_lengths(data, monkeypatch):
+    """Two threads instantiating a template for the first time at once: the second must not
+    see it half prepared (review: it read an empty list of scan sizes)."""
+    import threading
+    import time
+
+    import tracegrad.ir.template as template_module
+    W, U, xs = data
+    step = tg.jit(tg.value_and_grad(rnn, argnums=(0, 1)), static_argnums=(3,))
+    for T in (5, 9, 7):
+        step(W, U, xs, T)
+    real = template_module.unrolled_size
+
+    def slow(g):        # widens the window between preparing's parts
+        time.sleep(0.02)
+        return real(g)
+    monkeypatch.setattr(template_module, "unrolled_size", slow)
+    got, errors = {}, []
+
+    def call(T):
+        try:
+            got[T] = step(W, U, xs, T)
+        except Exception as e:      # noqa: BLE001 - reported below
+            errors.append((T, repr(e)))
+    threads = [threading.Thread(target=call, args=(T,)) for T in (11, 12)]
+    for t in threads:
+        t.start()
+        time.sleep(0.005)
+    for t in threads:
+        t.join()
+    assert not errors
+    for T, out in got.items():
+        assert _same(out, tg.jit(tg.value_and_grad(rnn, argnums=(0, 1)),
+                                 static_argnums=(3,))(W, U, xs, T))
+
+
 def test_static_float_is_not_taken_from_the_template(data):
     """A static float is an input of f's trace but a constant of jit's graph (review)."""
     W, U, xs = data

@@ -147,21 +147,26 @@ class Template:
         by_eqn = self._values(n)
         if self._redo is None:
             self._prepare()
-        retyped: dict[int, Any] = {}     # template variable id -> its new type
+        eqns = self.graph.eqns
+        retyped: dict[int, Any] = {}     # template variable id -> its new type (every one:
+        for at, changes in by_eqn.items():   # a reused step's output feeds a remade one)
+            shapes = None
+            for where, value in changes:
+                if where[0] == "out":
+                    if shapes is None:
+                        shapes = [list(v.aval.shape) for v in eqns[at].outvars]
+                    shapes[where[1]][where[2]] = value
+            if shapes is not None:
+                for v, s in zip(eqns[at].outvars, shapes):
+                    retyped[v.id] = aval(tuple(s), v.aval.dtype)
         probes: dict[int, Eqn] = {}      # stand-ins for the equations whose steps change
         fns: dict[int, Any] = {}         # or those steps' functions, made directly
         for at, e, fn in self._redo:
-            changes = by_eqn.get(at, ())
-            shapes = [list(v.aval.shape) for v in e.outvars]
             params = e.params
-            for where, value in changes:
-                if where[0] == "out":
-                    shapes[where[1]][where[2]] = value
-                else:
+            for where, value in by_eqn.get(at, ()):
+                if where[0] == "param":
                     params = _set(params, where[1:], value)
-            outs = [aval(tuple(s), v.aval.dtype) for v, s in zip(e.outvars, shapes)]
-            for v, a in zip(e.outvars, outs):
-                retyped[v.id] = a
+            outs = [retyped.get(v.id, v.aval) for v in e.outvars]
             if fn is not None:
                 made = restep(e, fn, params, [
                     (retyped[a.id] if a.id in retyped else a.aval).shape if type(a) is Var
@@ -213,12 +218,12 @@ class Template:
             if at in params_change or not shapeless(e):
                 k = prog.made.get(id(e))
                 redo.append((at, e, prog.steps[k][0] if type(k) is int else None))
-        self._redo = redo
         scans: list = [unrolled_size(self.graph)]
         for at, e in enumerate(eqns):
             if e.op == "scan" and (at, ("param", "length")) in self.ints:
                 scans.append((at, e.params["length"], unrolled_size(e.params["body"])))
         self._scans = scans
+        self._redo = redo       # last: instantiate prepares while it is None (threads may race)
 
     def _write(self, n: int, lits: list, by_eqn: dict[int, list]) -> Graph:
         """The graph for count `n` (see `instantiate`), its equations written out."""
