@@ -185,7 +185,7 @@ class Template:
         graph = _Written(self, n, list(lits), by_eqn)
         size = self._scans[0]
         for at, old, body in self._scans[1:]:
-            size += (by_eqn_length(by_eqn, at, old) - old) * body
+            size += (_length_at(by_eqn, at, old) - old) * body
         graph.__dict__["_unrolled_size"] = size
         graph.__dict__["_program"] = program(self.graph).renewed(
             graph, probes, [(at, k, lit.value) for at, k, lit in literals], fns)
@@ -276,7 +276,7 @@ class Template:
                 graph, self.changed, sorted((at, k) for at, (_, k) in self.slots))
 
 
-def by_eqn_length(by_eqn: dict[int, list], at: int, old: int) -> int:
+def _length_at(by_eqn: dict[int, list], at: int, old: int) -> int:
     """The length equation `at` (a scan) has in `by_eqn` (see Template._values), else `old`."""
     for where, value in by_eqn.get(at, ()):
         if where == ("param", "length"):
