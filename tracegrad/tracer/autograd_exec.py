@@ -501,13 +501,16 @@ _bases = itertools.count(1)     # walks number nodes from base = next(_bases) <<
 
 def _tape_recipe(tape: Any, w: Walk, entry: CachedGraph) -> tuple:
     """Where a grad walk's inputs and nodes are on the tape, to gather them again from a tape
-    with the same key: (plan, per input (node position, entry index), node positions)."""
+    with the same key: (plan, per input (node position, entry index), node positions, or
+    None for all of the tape, the common case)."""
     at = {id(n): i for i, n in enumerate(tape)}
     first: dict[int, tuple[int, int]] = {}
     for i, n in enumerate(tape):
         for j, e in enumerate(n.args):
             first.setdefault(id(e[0]), (i, j))
-    return (entry, tuple(first[id(v)] for v in w.in_vars), tuple(at[id(n)] for n in w.order))
+    order = tuple(at[id(n)] for n in w.order)
+    return (entry, tuple(first[id(v)] for v in w.in_vars),
+            None if order == tuple(range(len(tape))) else order)
 
 
 def _tape_inputs(tape: Any, recipe: tuple) -> tuple[list, list, list] | None:
@@ -527,7 +530,8 @@ def _tape_inputs(tape: Any, recipe: tuple) -> tuple[list, list, list] | None:
             return None
         in_vals.append(vsrc)
         in_gsrc.append(gsrc)
-    return in_vals, in_gsrc, [tape[i] for i in recipe[2]]
+    order = recipe[2]
+    return in_vals, in_gsrc, list(tape) if order is None else [tape[i] for i in order]
 
 
 # In a walk's key, an input's first reference is its slot, with this bit if it needs a gradient.

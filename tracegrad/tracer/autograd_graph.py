@@ -170,7 +170,7 @@ class Node:
         self.grad = grad
         self.name_ = name
         self.values: dict[int, Any] | None = None   # var id -> computed value
-        self._saved: Any = None     # list of SavedTensor, or of their fields (see saved)
+        self._saved: Any = None     # list of SavedTensor, or their fields (see saved)
         self.freed = False
         self.sig: int | None = None             # what determines the IR (tensor_record.record)
         self.epoch = Inplace.epoch
@@ -179,12 +179,13 @@ class Node:
 
     @property
     def saved(self) -> list[SavedTensor] | None:
-        """What the op's backward reads. Recording keeps them as plain tuples (see
-        tensor_record._save); they become SavedTensors when first asked for."""
+        """What the op's backward reads. Recording keeps their fields in one flat tuple, five
+        per value (see tensor_record._save: fewer objects per op); they become SavedTensors
+        when first asked for."""
         raw = self._saved
         if type(raw) is tuple and raw:
-            raw = self._saved = [SavedTensor.plain(t, var, vc, slot, version)
-                                 for t, var, vc, version, slot in raw]
+            raw = self._saved = [SavedTensor.plain(*raw[i:i + 3], raw[i + 4], raw[i + 3])
+                                 for i in range(0, len(raw), 5)]
         return raw
 
     @saved.setter

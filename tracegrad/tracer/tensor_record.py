@@ -411,12 +411,12 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
                 va, vb = a._vc, b._vc
                 keep_a = b._rg or name not in _EITHER and name != "Div"
                 keep_b = a._rg or name not in _EITHER
-                node._saved = (((a, a._var, va, va[0], 0),) if keep_a else ()) + \
-                    (((b, b._var, vb, vb[0], 1),) if keep_b else ())
+                node._saved = ((a, a._var, va, va[0], 0) if keep_a else ()) + \
+                    ((b, b._var, vb, vb[0], 1) if keep_b else ())
             else:
                 _save(node, name, args, t, saves)
         elif saves is _RESULT and not mode.state.saved_hooks:
-            node._saved = ((None, v, t._vc, 0, "result"),)
+            node._saved = (None, v, t._vc, 0, "result")
         else:
             _save(node, name, args, t, saves)
         _push(node)
@@ -501,7 +501,7 @@ def _replay1(hit: tuple, name: str, a: Tensor, b: Tensor | None, depth: int) -> 
     line = info[1].get(f.f_lasti) if info else None
     node.src = line if line is not None else _new_site(depth + 1)
     node.args = entries
-    node.out_vars = [v]
+    node.out_vars = (v,)
     node.values = None
     node.freed = False
     node.epoch = Inplace.epoch
@@ -529,18 +529,18 @@ def _replay1(hit: tuple, name: str, a: Tensor, b: Tensor | None, depth: int) -> 
     if not saves:
         node._saved = ()
     elif saves is _RESULT and not st.saved_hooks:
-        node._saved = ((None, v, t._vc, 0, "result"),)
+        node._saved = (None, v, t._vc, 0, "result")
     elif saves is _IO and b is not None and not st.saved_hooks and \
             (a._x is None or not a._x.get("inference")) and \
             (b._x is None or not b._x.get("inference")):    # (0, 1): matmul, mul, div ...
         va, vb = a._vc, b._vc
         if a._rg and b._rg:
-            node._saved = ((a, a._var, va, va[0], 0), (b, b._var, vb, vb[0], 1))
+            node._saved = (a, a._var, va, va[0], 0, b, b._var, vb, vb[0], 1)
         else:
             keep_a = b._rg or name not in _EITHER and name != "Div"
             keep_b = a._rg or name not in _EITHER
-            node._saved = (((a, a._var, va, va[0], 0),) if keep_a else ()) + \
-                (((b, b._var, vb, vb[0], 1),) if keep_b else ())
+            node._saved = ((a, a._var, va, va[0], 0) if keep_a else ()) + \
+                ((b, b._var, vb, vb[0], 1) if keep_b else ())
     else:
         _save(node, name, (a,) if b is None else (a, b), t, saves)
     st.tape.append(node)
@@ -656,8 +656,8 @@ def _unneeded(name: str, s: int, args: tuple) -> bool:
 def _save(node: Node, name: str, args: tuple, result: Tensor | None,
           slots: tuple | None = None) -> None:
     """Keep what the op's backward reads (see autograd_graph.SAVED). Without
-    saved_tensors_hooks each value is kept as a plain tuple (tensor, var, vc, version, slot),
-    made a SavedTensor only if asked for (`Node.saved`)."""
+    saved_tensors_hooks the values are kept as one flat tuple, five fields per value
+    (tensor, var, vc, version, slot), made SavedTensors only if asked for (`Node.saved`)."""
     if slots is None:
         slots = SAVED.get(name)
         if not slots:
@@ -670,8 +670,10 @@ def _save(node: Node, name: str, args: tuple, result: Tensor | None,
         if s.__class__ is str:     # "result"
             if result is not None:
                 vc = result._vc
-                saved.append(SavedTensor(None, result._var, vc, s, node, hooks)
-                             if hooks is not None else (None, result._var, vc, vc[0], s))
+                if hooks is not None:
+                    saved.append(SavedTensor(None, result._var, vc, s, node, hooks))
+                else:
+                    saved += (None, result._var, vc, vc[0], s)
         elif s < len(args) and isinstance(args[s], Tensor):
             t = args[s]
             if _unneeded(name, s, args):
@@ -683,8 +685,10 @@ def _save(node: Node, name: str, args: tuple, result: Tensor | None,
                     "around this, you can make a clone to get a normal tensor and use it in "
                     "autograd, or use `torch.no_grad()` instead of `torch.inference_mode()`.")
             vc = t._vc
-            saved.append(SavedTensor(t, t._var, vc, s, node, hooks) if hooks is not None
-                         else (t, t._var, vc, vc[0], s))
+            if hooks is not None:
+                saved.append(SavedTensor(t, t._var, vc, s, node, hooks))
+            else:
+                saved += (t, t._var, vc, vc[0], s)
     if name == "Pow" and len(args) > 1 and not isinstance(args[1], Tensor):
         node.fn_ctx = {"exponent": args[1]}
     if hooks is None:
