@@ -4,13 +4,14 @@ test records a graph once to teach the tape its key, then again with something t
 not hide (a hook added afterwards, an in-place change, another leaf...), and checks the
 gradients against numpy or PyTorch's errors."""
 import threading
+import weakref
 
 import numpy as np
 import pytest
 
 import tracegrad as tg
 from tracegrad.tracer import autograd_exec
-from tracegrad.tracer.grad_mode import mode
+from tracegrad.tracer.grad_mode import TAPE_ROOM, mode
 
 W0 = np.array([[0.5, -0.25], [0.125, 0.75]], np.float32)
 X0 = np.array([[1.0, -2.0]], np.float32)
@@ -229,15 +230,26 @@ def test_a_graph_freed_by_another_thread_raises():
         loss.backward()
 
 
-def test_a_tape_longer_than_its_limit_forgets_its_start():
+def test_a_graph_longer_than_the_tape_room_keeps_its_nodes(walks):
     W = tg.tensor(W0, requires_grad=True)
-    for _ in range(2):
+    for _ in range(3):
         h = W * 1.0
-        for _ in range(mode.tape.maxlen + 10):
-            h = h + 0.0
+        for k in range(TAPE_ROOM * 2):
+            h = h * 1.0 if k % 50 else (h * 0.5).sum() * 0.0 + h     # a few dropped too
         (h * h).sum().backward()
-        np.testing.assert_allclose(W.grad.numpy(), 2 * W0, rtol=1e-6)
+        np.testing.assert_allclose(W.grad.numpy(), 2 * W0, rtol=1e-5)
         W.grad = None
+    assert len(walks) == 1
+
+
+def test_a_graph_dropped_without_backward_is_freed():
+    W = tg.tensor(W0, requires_grad=True)
+    node = weakref.ref(tg.tanh(W * 2.0).grad_fn)    # recorded, then dropped
+    kept = W * 3.0
+    for _ in range(TAPE_ROOM + 1):
+        W * 4.0
+    assert node() is None
+    assert kept.grad_fn in mode.tape
 
 
 def test_threads_keep_their_own_tapes():

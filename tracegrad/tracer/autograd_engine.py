@@ -311,7 +311,7 @@ class Engine:
                     n.freed = True
                     for s in n.saved or ():
                         s.tensor = s.packed = None
-        mode.state.tape.clear()   # (see autograd_exec.tape_walk)
+        mode.state.clear_tape()   # (see autograd_exec.tape_walk)
 
 
 def _index(node: Any, var: Any) -> int:

@@ -430,14 +430,14 @@ def _run_backward(entry: CachedGraph, roots: list, grads: list, in_vals: list, i
         for n in order:
             if n.grad:
                 n.freed = True
-    mode.state.tape.clear()
+    mode.state.clear_tape()
 
 
 # (tape key, root) -> (plan, where each input is found, which nodes the plan covers)
 _tape_plans = _LRU(CACHE_SIZE)
 
 
-def tape_walk(tape: Any, root: Any) -> tuple | None:
+def tape_walk(tape: list, root: Any) -> tuple | None:
     """The structural key of the graph on `tape` (this thread's differentiable nodes since
     its last backward, in recording order; see tensor_record) ending at tensor `root`; None if
     the tape cannot vouch for what grad_walk would find. Per node: its signature (which fixes
@@ -499,7 +499,7 @@ def tape_walk(tape: Any, root: Any) -> tuple | None:
 _bases = itertools.count(1)     # walks number nodes from base = next(_bases) << 32
 
 
-def _tape_recipe(tape: Any, w: Walk, entry: CachedGraph) -> tuple:
+def _tape_recipe(tape: list, w: Walk, entry: CachedGraph) -> tuple:
     """Where a grad walk's inputs and nodes are on the tape, to gather them again from a tape
     with the same key: (plan, per input (node position, entry index), node positions, or
     None for all of the tape, the common case)."""
@@ -513,7 +513,7 @@ def _tape_recipe(tape: Any, w: Walk, entry: CachedGraph) -> tuple:
             None if order == tuple(range(len(tape))) else order)
 
 
-def _tape_inputs(tape: Any, recipe: tuple) -> tuple[list, list, list] | None:
+def _tape_inputs(tape: list, recipe: tuple) -> tuple[list, list, list] | None:
     """(input values, where their gradients go, the nodes) for a tape whose key is known, or
     None where grad_walk would not have taken the one-graph backward: a pending value, a hook
     on a leaf."""
@@ -531,7 +531,7 @@ def _tape_inputs(tape: Any, recipe: tuple) -> tuple[list, list, list] | None:
         in_vals.append(vsrc)
         in_gsrc.append(gsrc)
     order = recipe[2]
-    return in_vals, in_gsrc, list(tape) if order is None else [tape[i] for i in order]
+    return in_vals, in_gsrc, tape if order is None else [tape[i] for i in order]
 
 
 # In a walk's key, an input's first reference is its slot, with this bit if it needs a gradient.

@@ -3,28 +3,47 @@ nestable, usable as context managers and as decorators), the saved-tensor hook s
 the tape of nodes recorded since the last backward."""
 from __future__ import annotations
 
-import collections
 import functools
+import sys
 import threading
 from typing import Any, Callable
 
 
-TAPE_LIMIT = 4096
+TAPE_ROOM = 256     # the tape's first pruning point (see prune_tape)
 
 
 class ThreadMode:
     """One thread's modes in plain slots. Recording reads several of them on every op, and
     each attribute of a thread-local costs a lookup of the thread's dict: recording reads
     `mode.state` once and then these."""
-    __slots__ = ("grad", "inference", "saved_hooks", "tape")
+    __slots__ = ("grad", "inference", "saved_hooks", "tape", "tape_room")
 
     def __init__(self) -> None:
         self.grad = True          # record autograd graphs
         self.inference = False    # inference mode: no graphs, results are inference tensors
         self.saved_hooks: list[tuple[Callable, Callable]] = []
         # The differentiable nodes this thread recorded since its last backward, in order
-        # (see autograd_exec.tape_walk); past TAPE_LIMIT the oldest drop out.
-        self.tape: collections.deque = collections.deque(maxlen=TAPE_LIMIT)
+        # (see autograd_exec.tape_walk), pruned when longer than tape_room (prune_tape).
+        self.tape: list = []
+        self.tape_room = TAPE_ROOM
+
+    def clear_tape(self) -> None:
+        """Start the tape again: a backward ran (see autograd_exec.tape_walk)."""
+        self.tape.clear()
+        self.tape_room = TAPE_ROOM
+
+
+def prune_tape(st: ThreadMode) -> None:
+    """Drop from the tape the nodes only it still holds (recorded, then dropped without a
+    backward: an evaluation with grad on), newest first, so that their inputs go with them;
+    then let it grow to twice what is left (at least TAPE_ROOM). So a graph dropped is freed
+    within a few hundred ops, or as many as the live graphs have nodes."""
+    tape = st.tape
+    for i in range(len(tape) - 1, -1, -1):
+        if sys.getrefcount(tape[i]) <= 2:     # the tape's reference, and the call's
+            tape[i] = None
+    tape[:] = [n for n in tape if n is not None]
+    st.tape_room = max(TAPE_ROOM, 2 * len(tape))
 
 
 def _field(name: str) -> property:

@@ -17,7 +17,7 @@ from ..ir.builder import _CODE_SITES, Builder, Traced, user_source
 from ..ir.builder import _state as _trace_state
 from ..ir.core import Aval, Lit, Var
 from .autograd_graph import SAVED, Inplace, Node, SavedTensor
-from .grad_mode import mode
+from .grad_mode import mode, prune_tape
 from .tensor import Tensor
 
 _new = object.__new__
@@ -543,13 +543,19 @@ def _replay1(hit: tuple, name: str, a: Tensor, b: Tensor | None, depth: int) -> 
                 ((b, b._var, vb, vb[0], 1) if keep_b else ())
     else:
         _save(node, name, (a,) if b is None else (a, b), t, saves)
-    st.tape.append(node)
+    tape = st.tape
+    tape.append(node)
+    if len(tape) > st.tape_room:
+        prune_tape(st)
     return t
 
 
 def _push(node: Node) -> None:
     """Put a differentiable node on this thread's tape (see autograd_exec.tape_walk)."""
-    mode.state.tape.append(node)
+    st = mode.state
+    st.tape.append(node)
+    if len(st.tape) > st.tape_room:
+        prune_tape(st)
 
 
 def _site(code: Any) -> tuple | None:
