@@ -45,16 +45,19 @@ def op(name: str, traced: Callable | None = None) -> Callable[[Callable], Callab
 
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
+            if len(args) == 1 and not kwargs:     # the commonest calls: one value
+                a = args[0]
+                if type(a) is Traced:
+                    return fast(a)
+                unary = _unary.get(type(a))
+                if unary is not None:
+                    return unary(fn, name, a)
             for a in args:
                 if type(a) is not Traced:
                     break
             else:
                 if not kwargs:
                     return fast(*args)
-            if len(args) == 1 and not kwargs:
-                unary = _unary.get(type(args[0]))
-                if unary is not None:
-                    return unary(fn, name, args[0])
             if _tensor_types:
                 plain = _PLAIN
                 for a in args:
