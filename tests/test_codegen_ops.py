@@ -207,6 +207,49 @@ def test_matmul(dtype):
     check(g, args, rtol=1e-5 if dtype == F32 else None, atol=1e-4 if dtype == F32 else None)
 
 
+# (m, k, n) of products with few rows: generated loops, B streamed once (register blocks of
+# columns, then single columns) or read as rows when transposed (dot products)
+FEW_ROWS = [(1, 3, 7), (2, 70, 17), (3, 5, 64), (4, 33, 603), (1, 784, 512), (2, 512, 512),
+            (5, 9, 40), (1, 1, 9)]
+
+
+def _few_rows_graph(dtype):
+    shapes = [s for m, k, n in FEW_ROWS for s in ((m, k), (k, n), (n, k), (k, m))]
+
+    def products(*xs):
+        out = []
+        for a, b, bt, at in zip(xs[0::4], xs[1::4], xs[2::4], xs[3::4], strict=True):
+            out += [a @ b, a @ E.transpose(bt, (1, 0)), E.transpose(at, (1, 0)) @ b,
+                    E.transpose(at, (1, 0)) @ E.transpose(bt, (1, 0))]
+        return out
+    return build(products, *[(s, dtype) for s in shapes]), [rand(s, dtype) for s in shapes]
+
+
+@pytest.mark.parametrize("dtype", [F32, F64, I64])
+def test_products_of_few_rows(dtype):
+    g, args = _few_rows_graph(dtype)    # (sums of up to 784 products: another order's error)
+    tol = {F32: (1e-4, 1e-3), F64: (1e-11, 1e-10)}.get(dtype, (None, None))
+    check(g, args, rtol=tol[0], atol=tol[1])
+
+
+def test_products_of_few_rows_split_by_columns_equal_one_task():
+    """Big enough, they are split across tasks by columns: each element is still summed by
+    one task in one order, so the results equal a single task's bit for bit."""
+    g, args = _few_rows_graph(F32)
+    before = runtime.num_threads()
+    try:
+        runtime.set_num_threads(1)
+        one = runtime.compile_graph(g)(args)
+        runtime.set_num_threads(2)
+        two = runtime.compile_graph(g)
+        assert two.layout.n_parallel >= 1
+        two = two(args)
+    finally:
+        runtime.set_num_threads(before)
+    for a, b in zip(one, two, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("m,k,n", [(4, 3, 5), (128, 64, 96), (250, 256, 128), (64, 512, 600)])
 def test_matmul_transposed_operands(m, k, n):
     g = build(lambda a, b: [E.transpose(a, (1, 0)) @ E.transpose(b, (1, 0)),

@@ -12,7 +12,14 @@ with its thread-local thread count set to 1: OpenBLAS's own threads spin after e
 fought with our pool, making whole steps 3-10x slower on 2 cores. Each task re-packs the
 operand it shares with the others, so the split is as coarse as the pool allows: one task per
 thread (more only for very large GEMMs). The mlp_step GEMMs on one thread: 1 or 2 tasks
-12.2 ms, 4 tasks 14.3 ms, 8 tasks 14.8 ms."""
+12.2 ms, 4 tasks 14.3 ms, 8 tasks 14.8 ms.
+
+Products of a few rows (mlp_step's layers at batches 1-6) skip ?gemm, which packs all of B
+before multiplying: a generated loop streams B once, each of its rows serving every row of C
+from registers (`_rows_by_k`), and a transposed B is read in place as rows of dot products
+(`_dots`), both split by columns across the pool. Measured, 784x512 B, 2 threads: 2 rows
+sgemm ~100 us, loop ~40-60 us; 2 x 512 times a transposed 512x512, sgemm ~98 us, dots ~25 us
+(1 row: 96 vs 19 us); at 8 rows sgemm is ahead again."""
 from __future__ import annotations
 
 import math
@@ -25,6 +32,7 @@ from .kernel import Kernel, if_then
 from .plan import Group
 
 BLAS_MIN_WORK = 1 << 16
+SMALL_M = 6      # products of at most this many rows run as generated loops (see above)
 GEMM_SPLIT_WORK = 1 << 21    # multiply-adds below which a GEMM runs as one task
 GEMM_TASK_WORK = 1 << 26     # at most this many multiply-adds per task (per thread round)
 MAX_GEMM_TASKS = 64
@@ -53,10 +61,10 @@ def gemm_slot(group: Group) -> int:
 def uses_blas(group: Group) -> bool:
     batch, m, k, n = gemm_dims(group)
     dt = group.eqns[0].out.aval.dtype
-    # A row vector times a stored matrix, or an outer product, streams B once in the i-k-j
-    # loop, while ?gemm packs all of B first: mlp_step at batch 1 took 1.7 ms with sgemm.
-    vector = (m == 1 and not group.operands[1][1]) or k == 1
-    return is_float(dt) and m * k * n >= BLAS_MIN_WORK and not vector
+    # A few rows times a matrix, or an outer product, streams B once in the generated loop,
+    # while ?gemm packs all of B first: mlp_step at batch 1 took 1.7 ms with sgemm.
+    few = (m <= SMALL_M and batch == 1) or k == 1
+    return is_float(dt) and m * k * n >= BLAS_MIN_WORK and not few
 
 
 def emit_matmul(k: Kernel, group: Group, blas: bool,
@@ -84,6 +92,16 @@ def emit_matmul(k: Kernel, group: Group, blas: bool,
 
     def each_batch(t):
         oa, ob, oc = (b.mul(t, i64(s)) for s in (m * kk, kk * n, m * n))
+        if tb or m <= SMALL_M:      # (split: the columns of this task, see loop_tasks)
+            j0, j1 = (b.mul(k.task, i64(split[1])), None) if split[0] > 1 else (i64(0), None)
+            if split[0] > 1:
+                j1 = b.add(j0, i64(split[1]))
+                j1 = b.select(b.icmp_signed("<", j1, i64(n)), j1, i64(n))
+            else:
+                j1 = i64(n)
+            (_dots if tb else _rows_by_k)(k, dt, pa, pb, pc, oa, ob, oc, m, kk, n, sa0, sa1,
+                                          j0, j1)
+            return
 
         def row(i):
             crow = b.add(oc, b.mul(i, i64(n)))
@@ -105,6 +123,119 @@ def emit_matmul(k: Kernel, group: Group, blas: bool,
             k.for_range(i64(0), i64(kk), red)
         k.for_range(i64(0), i64(m), row)
     k.for_range(i64(0), i64(batch), each_batch)
+
+
+def _rows_by_k(k: Kernel, dt, pa, pb, pc, oa, ob, oc, m: int, kk: int, n: int, sa0: int,
+               sa1: int, j0: ir.Value, j1: ir.Value) -> None:
+    """Columns j0..j1 of C = op(A) B for a few rows (B stored row-major), B read once: for
+    each block of one vector register's width of columns, the block of every row of C
+    accumulates in a register over p (k-i-j order within the block), one vector load of B's
+    row p serving all rows. Each element sums its products in p order from 0, as the i-k-j
+    loop does: the same bits."""
+    b = k.b
+    ft = pc.type.pointee
+    w = 32 // dt.itemsize if is_float(dt) else 1     # an AVX2 register's elements
+    u = max(1, 4 // m)      # registers per row: at least 4 sums at once hide the add latency
+    width = w * u
+    blocks = b.sdiv(b.sub(j1, j0), i64(width)) if w > 1 else i64(0)
+    if w > 1:
+        vt = ir.VectorType(ft, w)
+        accs = [[k.alloca(vt) for _ in range(u)] for _ in range(m)]
+        zero = ir.Constant(vt, [const(dt, 0)] * w)
+        splat = ir.Constant(ir.VectorType(I32, w), [0] * w)
+        align = dt.itemsize
+
+        def block(q):
+            jb = b.add(j0, b.mul(q, i64(width)))
+            for row in accs:
+                for acc in row:
+                    b.store(zero, acc)
+
+            def red(p):
+                bp = b.gep(pb, [b.add(ob, b.add(b.mul(p, i64(n)), jb))], inbounds=True)
+                bp = b.bitcast(bp, vt.as_pointer())
+                bvs = [b.load(b.gep(bp, [i64(v)], inbounds=True), align=align)
+                       for v in range(u)]
+                for i, row in enumerate(accs):
+                    a = b.load(b.gep(pa, [b.add(oa, b.add(i64(i * sa0), b.mul(p, i64(sa1))))],
+                                     inbounds=True))
+                    av = b.shuffle_vector(b.insert_element(ir.Constant(vt, ir.Undefined), a,
+                                                           ir.Constant(I32, 0)),
+                                          ir.Constant(vt, ir.Undefined), splat)
+                    for acc, bv in zip(row, bvs):
+                        b.store(b.fadd(b.load(acc), b.fmul(av, bv)), acc)
+            k.for_range(i64(0), i64(kk), red)
+            for i, row in enumerate(accs):
+                cp = b.gep(pc, [b.add(oc, b.add(i64(i * n), jb))], inbounds=True)
+                cp = b.bitcast(cp, vt.as_pointer())
+                for v, acc in enumerate(row):
+                    b.store(b.load(acc), b.gep(cp, [i64(v)], inbounds=True), align=align)
+        k.for_range(i64(0), blocks, block)
+    # the columns after the last whole block (all of them for integers), one at a time
+    acc1 = k.alloca(ft)
+
+    def col(j):
+        def row(i):
+            arow = b.add(oa, b.mul(i, i64(sa0)))
+            b.store(const(dt, 0), acc1)
+
+            def red(p):
+                a = b.load(b.gep(pa, [b.add(arow, b.mul(p, i64(sa1)))], inbounds=True))
+                bv = b.load(b.gep(pb, [b.add(ob, b.add(b.mul(p, i64(n)), j))], inbounds=True))
+                b.store(b.fadd(b.load(acc1), b.fmul(a, bv)) if is_float(dt) else
+                        b.add(b.load(acc1), b.mul(a, bv)), acc1)
+            k.for_range(i64(0), i64(kk), red)
+            b.store(b.load(acc1), b.gep(pc, [b.add(oc, b.add(b.mul(i, i64(n)), j))],
+                                        inbounds=True))
+        k.for_range(i64(0), i64(m), row)
+    k.for_range(b.add(j0, b.mul(blocks, i64(width))), j1, col)
+
+
+def _dots(k: Kernel, dt, pa, pb, pc, oa, ob, oc, m: int, kk: int, n: int, sa0: int,
+          sa1: int, j0: ir.Value, j1: ir.Value) -> None:
+    """Columns j0..j1 of C = op(A) B^T with B stored as (n, k) rows: each element is the dot
+    product of a row of op(A) with a row of B, both read along p in place (no transposed
+    copy). A float sum reassociates (one partial sum per vector lane, fixed by the compiled
+    code: deterministic), as reductions do."""
+    b = k.b
+    acc = k.alloca(pc.type.pointee)
+
+    def col(j):     # B's row j, read from cache for every row of C
+        brow = b.add(ob, b.mul(j, i64(kk)))
+
+        def row(i):
+            arow = b.add(oa, b.mul(i, i64(sa0)))
+            b.store(const(dt, 0), acc)
+
+            def red(p):
+                av = b.load(b.gep(pa, [b.add(arow, b.mul(p, i64(sa1)))], inbounds=True))
+                bv = b.load(b.gep(pb, [b.add(brow, p)], inbounds=True))
+                if is_float(dt):
+                    b.store(b.fadd(b.load(acc), b.fmul(av, bv), flags=("reassoc",)), acc)
+                else:
+                    b.store(b.add(b.load(acc), b.mul(av, bv)), acc)
+            k.for_range(i64(0), i64(kk), red)
+            b.store(b.load(acc), b.gep(pc, [b.add(b.add(oc, b.mul(i, i64(n))), j)],
+                                       inbounds=True))
+        k.for_range(i64(0), i64(m), row)
+    k.for_range(j0, j1, col)
+
+
+LOOP_SPLIT_WORK = 1 << 18    # multiply-adds from which a generated product is split
+
+
+def loop_tasks(group: Group, threads: int) -> tuple[int, int, bool]:
+    """(tasks, columns per task, True) for a generated matmul: a product of a few rows
+    (`_rows_by_k`) or against a transposed B (`_dots`) is split by columns when big enough;
+    each element is still summed by one task in one order, so the split never changes
+    results. Others run as one task."""
+    batch, m, kk, n = gemm_dims(group)
+    few = m <= SMALL_M or group.operands[1][1]
+    if threads < 2 or batch > 1 or not few or m * kk * n < LOOP_SPLIT_WORK or n < 64:
+        return 1, m, False
+    tasks = min(threads, n // 32)
+    chunk = -(-n // tasks)
+    return -(-n // chunk), chunk, True
 
 
 def gemm_tasks(group: Group, threads: int) -> tuple[int, int, bool]:
@@ -239,4 +370,4 @@ def emit_scatter_add(k: Kernel, group: Group) -> None:
 
 
 __all__ = ["emit_matmul", "emit_scatter_add", "gemm_dims", "gemm_slot", "gemm_tasks",
-           "uses_blas"]
+           "loop_tasks", "uses_blas"]

@@ -17,7 +17,7 @@ from ..ir import Graph, Lit, Var
 from .dtypes import I64, PTR, VOID, i64
 from .kernel import KERNEL_TYPE, Kernel
 from .linalg import (SLOT_BLAS_THREADS, emit_matmul, emit_scatter_add, gemm_dims,
-                     gemm_slot, gemm_tasks, uses_blas)
+                     gemm_slot, gemm_tasks, loop_tasks, uses_blas)
 from .loops import emit_argreduce, emit_combine, emit_loop_group, reductions, split
 from .plan import Group, epilogues, group_signature, plan_graph, stages
 from .scalar import OUTLINE_MATH, TRANSCENDENTAL
@@ -285,7 +285,7 @@ class _Lowering:
                 if g.kind != "matmul":
                     continue
                 if not self.is_blas(g):
-                    self.gemm_plan[gi] = (1, gemm_dims(g)[1], False)
+                    self.gemm_plan[gi] = loop_tasks(g, share if gi in members else self.threads)
                 else:
                     self.gemm_plan[gi] = gemm_tasks(g, share if gi in members else self.threads)
 
