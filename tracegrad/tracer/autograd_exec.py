@@ -502,15 +502,22 @@ _bases = itertools.count(1)     # walks number nodes from base = next(_bases) <<
 def _tape_recipe(tape: list, w: Walk, entry: CachedGraph) -> tuple:
     """Where a grad walk's inputs and nodes are on the tape, to gather them again from a tape
     with the same key: (plan, per input (node position, entry index), node positions, or
-    None for all of the tape, the common case)."""
-    at = {id(n): i for i, n in enumerate(tape)}
-    first: dict[int, tuple[int, int]] = {}
+    None for all of the tape, the common case: its nodes, in recording order, are the walk's
+    order)."""
+    need = {v.id: k for k, v in enumerate(w.in_vars)}
+    slots: list = [None] * len(need)
     for i, n in enumerate(tape):
         for j, e in enumerate(n.args):
-            first.setdefault(id(e[0]), (i, j))
-    order = tuple(at[id(n)] for n in w.order)
-    return (entry, tuple(first[id(v)] for v in w.in_vars),
-            None if order == tuple(range(len(tape))) else order)
+            k = need.pop(e[0].id, None)
+            if k is not None:
+                slots[k] = (i, j)
+        if not need:
+            break
+    order = None
+    if len(w.order) != len(tape):
+        at = {id(n): i for i, n in enumerate(tape)}
+        order = tuple(at[id(n)] for n in w.order)
+    return entry, tuple(slots), order
 
 
 def _tape_inputs(tape: list, recipe: tuple) -> tuple[list, list, list] | None:
