@@ -1,8 +1,9 @@
 """Running recorded Tensor IR: walking the Node graph into one IR graph, recognising graphs
 seen before by their nodes' signatures (so a training step's graph is built once and then
-costs a walk, a dictionary lookup and one call), realising pending values, and the one-graph
-backward pass used when no hook needs to see intermediate gradients (its graph is composed
-from per-op backward templates, see autograd_compose)."""
+costs a walk, a dictionary lookup and one call; its backward, one pass over the nodes
+recorded since the last backward, see tape_walk), realising pending values, and the
+one-graph backward pass used when no hook needs to see intermediate gradients (its graph is
+composed from per-op backward templates, see autograd_compose)."""
 from __future__ import annotations
 
 import collections
