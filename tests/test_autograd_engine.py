@@ -261,6 +261,7 @@ def test_fast_path_and_node_by_node_engine_agree():
 
 def test_repeated_structure_reuses_one_cached_graph():
     autograd_exec._grad_graphs.items.clear()
+    autograd_exec._tape_plans.items.clear()
     w = tg.ones(3, 3, requires_grad=True)
     for i in range(4):
         x = tg.tensor(np.full((1, 3), float(i), np.float32))
@@ -307,6 +308,7 @@ def test_composed_backward_of_a_loop_matches_the_node_by_node_engine():
     calls = []
     compose = autograd_exec.compose
     autograd_exec._grad_graphs.items.clear()
+    autograd_exec._tape_plans.items.clear()
 
     def spy(*args):
         calls.append(1)

@@ -35,6 +35,7 @@ def _ragged_weight_grad(make):
 
 def test_merged_weight_gradient_of_ragged_batches_is_well_typed():
     autograd_exec._grad_graphs.items.clear()
+    autograd_exec._tape_plans.items.clear()
     W, ref = _ragged_weight_grad(lambda a, rg: tg.tensor(a, requires_grad=rg))
     np.testing.assert_allclose(W.grad.numpy(), ref, rtol=1e-4, atol=1e-5)  # (the Plan is right)
     plans = [e.plan for e in autograd_exec._grad_graphs.items.values() if e.plan is not None]
@@ -46,6 +47,7 @@ def test_merged_weight_gradient_of_ragged_batches_is_well_typed():
 def test_merged_weight_gradient_of_ragged_batches_compiled(monkeypatch):
     monkeypatch.setattr(tg.config, "tiering", False)
     autograd_exec._grad_graphs.items.clear()
+    autograd_exec._tape_plans.items.clear()
     W, ref = _ragged_weight_grad(lambda a, rg: tg.tensor(a, requires_grad=rg))
     np.testing.assert_allclose(W.grad.numpy(), ref, rtol=1e-4, atol=1e-5)
 

@@ -56,6 +56,7 @@ def test_plan_and_its_ir_graph_compute_the_same():
     w0 = rng.standard_normal((5, 5)).astype(np.float32)
     xs0 = rng.standard_normal((4, 1, 5)).astype(np.float32)
     autograd_exec._grad_graphs.items.clear()
+    autograd_exec._tape_plans.items.clear()
     rnn_grads(4, w0, w0, xs0)
     (entry,) = autograd_exec._grad_graphs.items.values()
     assert isinstance(entry.plan, autograd_compose.Plan)
@@ -77,6 +78,7 @@ def test_plan_and_its_ir_graph_compute_the_same():
 
 def test_weight_gradient_products_merge_into_one_matmul():
     autograd_exec._grad_graphs.items.clear()
+    autograd_exec._tape_plans.items.clear()
     rng = np.random.default_rng(1)
     w0 = rng.standard_normal((4, 4)).astype(np.float32)
     rnn_grads(6, w0, w0, rng.standard_normal((6, 1, 4)).astype(np.float32))

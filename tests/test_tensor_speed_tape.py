@@ -269,3 +269,20 @@ def test_threads_keep_their_own_tapes():
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_two_leaves_of_one_variable_are_walked_every_time(walks):
+    """`a.data = b` leaves two leaves holding one variable: grad_walk credits the one it
+    meets first from the root, the tape the first in recording order; the tape refuses the
+    key, so every iteration gets what the first did (review: it flipped from B to A)."""
+    A = tg.tensor(np.zeros(3, np.float32), requires_grad=True)
+    B = tg.tensor(np.ones(3, np.float32), requires_grad=True)
+    A.data = B
+    seen = []
+    for _ in range(3):
+        A.grad = B.grad = None
+        x = A * 2.0
+        y = B * 3.0
+        (y + x).sum().backward()
+        seen.append((A.grad is None, B.grad is None))
+    assert seen == [seen[0]] * 3 and len(walks) == 3

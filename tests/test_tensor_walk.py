@@ -9,6 +9,7 @@ from tracegrad.tracer import autograd_exec
 def test_one_structure_recorded_in_two_orders_gets_two_plans():
     x = tg.tensor([1.0, 2.0, 3.0], requires_grad=True)
     autograd_exec._grad_graphs.items.clear()
+    autograd_exec._tape_plans.items.clear()
     a = x * 2.0
     b = x * 3.0
     (a + b).sum().backward()

@@ -452,15 +452,17 @@ def tape_walk(tape: list, root: Any) -> tuple | None:
     refused where grad_walk's checks could come out otherwise: a node freed, without a
     signature, with a hook, retained grad or unpack hook; an input from a node not on the
     tape (recorded before it began) or not its first output; a no-grad use of a
-    differentiable value; a value read both with and without a gradient; an in-place change
-    since the first node (so no saved value changed). Leaf hooks and pending values are
-    checked when the inputs are read (_tape_inputs)."""
+    differentiable value; a value read both with and without a gradient, or by two leaves
+    (which one grad_walk credits depends on its order); an in-place change since the first
+    node (so no saved value changed). Leaf hooks and pending values are checked when the
+    inputs are read (_tape_inputs)."""
     if not tape or tape[0].epoch != Inplace.epoch:
         return None
     base = next(_bases) << 32    # numbers no other walk uses: marks of others never match
     key = []
     append = key.append
     slots: dict[int, int] = {}
+    leaves: dict[int, Any] = {}     # gradient slot -> the AccumulateGrad its gradient goes to
     for i, n in enumerate(tape):
         sig = n.sig
         if sig is None or n.freed or n.x is not None and not plain_extras(n.x):
@@ -485,7 +487,10 @@ def tape_walk(tape: list, root: Any) -> tuple | None:
                 k = slots.get(var.id)
                 if k is None:
                     k = slots[var.id] = len(slots) | _WRT
-                if k >= _WRT:
+                    leaves[k] = gsrc
+                # two leaves of one variable (`a.data = b`, a detached alias written
+                # through): grad_walk credits the one it meets first from the root
+                if k >= _WRT and leaves[k] is gsrc:
                     append(k)
                     continue
             return None
