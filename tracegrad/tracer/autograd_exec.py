@@ -20,7 +20,7 @@ from .autograd_graph import AccumulateGrad, Inplace, Node, check_saved, plain_ex
 from ..config import config
 from . import executor
 from .executor import compile_graph
-from .grad_mode import mode
+from .grad_mode import mode, prune_tape
 
 CACHE_SIZE = 512
 # Roughly what compiling costs per equation (cold); interpretation time is weighed against it.
@@ -272,6 +272,7 @@ class _LRU:
             self.items.popitem(last=False)
 
 
+REALIZE_PRUNE = 32     # tape length from which reading a value prunes it (see realize)
 _value_graphs = _LRU(CACHE_SIZE)
 _grad_graphs = _LRU(CACHE_SIZE)
 
@@ -279,7 +280,12 @@ _grad_graphs = _LRU(CACHE_SIZE)
 # ---- realising values -------------------------------------------------------------------------
 
 def realize(tensors: list) -> None:
-    """Compute the values of pending tensors together, in one graph."""
+    """Compute the values of pending tensors together, in one graph. A value asked for is
+    also when graphs recorded and dropped since (an evaluation with grad on reading its
+    loss) stop being held by the tape: they hold their inputs' arrays."""
+    st = mode.state
+    if len(st.tape) > REALIZE_PRUNE:
+        prune_tape(st)
     targets, seen = [], set()
     for t in tensors:
         if t._value is None and t._var.id not in seen:
