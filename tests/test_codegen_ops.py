@@ -207,10 +207,11 @@ def test_matmul(dtype):
     check(g, args, rtol=1e-5 if dtype == F32 else None, atol=1e-4 if dtype == F32 else None)
 
 
-# (m, k, n) of products with few rows: generated loops, B streamed once (register blocks of
-# columns, then single columns) or read as rows when transposed (dot products)
-FEW_ROWS = [(1, 3, 7), (2, 70, 17), (3, 5, 64), (4, 33, 603), (1, 784, 512), (2, 512, 512),
-            (5, 9, 40), (1, 1, 9)]
+# (m, k, n) of products with few rows (linalg.few_rows): 2-3 rows of generated loops streaming
+# B once (register blocks of columns, then single columns), up to 6 rows times a transposed B
+# as dot products, and their neighbours that keep the i-k-j loop or sgemm
+FEW_ROWS = [(1, 3, 7), (2, 70, 17), (3, 5, 64), (3, 70, 31), (4, 33, 603), (1, 784, 512),
+            (2, 512, 512), (6, 100, 70), (5, 9, 40), (1, 1, 9)]
 
 
 def _few_rows_graph(dtype):

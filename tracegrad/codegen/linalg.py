@@ -14,12 +14,14 @@ operand it shares with the others, so the split is as coarse as the pool allows:
 thread (more only for very large GEMMs). The mlp_step GEMMs on one thread: 1 or 2 tasks
 12.2 ms, 4 tasks 14.3 ms, 8 tasks 14.8 ms.
 
-Products of a few rows (mlp_step's layers at batches 1-6) skip ?gemm, which packs all of B
-before multiplying: a generated loop streams B once, each of its rows serving every row of C
-from registers (`_rows_by_k`), and a transposed B is read in place as rows of dot products
-(`_dots`), both split by columns across the pool. Measured, 784x512 B, 2 threads: 2 rows
-sgemm ~100 us, loop ~40-60 us; 2 x 512 times a transposed 512x512, sgemm ~98 us, dots ~25 us
-(1 row: 96 vs 19 us); at 8 rows sgemm is ahead again."""
+Products of a few rows skip ?gemm, which packs all of B before multiplying (`few_rows`): two
+or three rows times a stored B run as a generated loop streaming B once, each of its rows
+serving every row of C from registers (`_rows_by_k`), and up to six rows times a transposed B
+(a backward's `g @ W.T`) read it in place as rows of dot products (`_dots`), both split by
+columns across the pool. Measured, 2 threads: (2..3, 784) @ (784, 512) sgemm 127-202 us, loop
+64-91 us; (1..6, 512) @ (512, 512)^T sgemm 86-137 us, dots 20-62 us. A single row keeps the
+i-k-j loop (it streams B already); from four rows, or with a short contraction (k < 64, dots
+cost more than they save), and for integers, the choice is as before."""
 from __future__ import annotations
 
 import math
@@ -32,7 +34,9 @@ from .kernel import Kernel, if_then
 from .plan import Group
 
 BLAS_MIN_WORK = 1 << 16
-SMALL_M = 6      # products of at most this many rows run as generated loops (see above)
+ROWS_BY_K = (2, 3)    # rows of a product with a stored B that `_rows_by_k` runs
+DOTS_MAX_ROWS = 6     # rows of a product with a transposed B that `_dots` runs ...
+DOTS_MIN_K = 64       # ... from this contraction length
 GEMM_SPLIT_WORK = 1 << 21    # multiply-adds below which a GEMM runs as one task
 GEMM_TASK_WORK = 1 << 26     # at most this many multiply-adds per task (per thread round)
 MAX_GEMM_TASKS = 64
@@ -61,10 +65,22 @@ def gemm_slot(group: Group) -> int:
 def uses_blas(group: Group) -> bool:
     batch, m, k, n = gemm_dims(group)
     dt = group.eqns[0].out.aval.dtype
-    # A few rows times a matrix, or an outer product, streams B once in the generated loop,
-    # while ?gemm packs all of B first: mlp_step at batch 1 took 1.7 ms with sgemm.
-    few = (m <= SMALL_M and batch == 1) or k == 1
-    return is_float(dt) and m * k * n >= BLAS_MIN_WORK and not few
+    # A row vector times a stored matrix, or an outer product, streams B once in the i-k-j
+    # loop, while ?gemm packs all of B first: mlp_step at batch 1 took 1.7 ms with sgemm.
+    vector = (m == 1 and not group.operands[1][1]) or k == 1
+    return is_float(dt) and m * k * n >= BLAS_MIN_WORK and not vector and \
+        few_rows(group) is None
+
+
+def few_rows(group: Group) -> str | None:
+    """"rows" (`_rows_by_k`) or "dots" (`_dots`) for a float product of a few rows that runs
+    faster as a generated loop than through ?gemm (see the module docstring); else None."""
+    batch, m, k, n = gemm_dims(group)
+    if batch != 1 or not is_float(group.eqns[0].out.aval.dtype):
+        return None
+    if group.operands[1][1]:
+        return "dots" if m <= DOTS_MAX_ROWS and k >= DOTS_MIN_K else None
+    return "rows" if m in ROWS_BY_K else None
 
 
 def emit_matmul(k: Kernel, group: Group, blas: bool,
@@ -92,15 +108,16 @@ def emit_matmul(k: Kernel, group: Group, blas: bool,
 
     def each_batch(t):
         oa, ob, oc = (b.mul(t, i64(s)) for s in (m * kk, kk * n, m * n))
-        if tb or m <= SMALL_M:      # (split: the columns of this task, see loop_tasks)
+        kind = few_rows(group)
+        if kind is not None:        # (split: the columns of this task, see loop_tasks)
             j0, j1 = (b.mul(k.task, i64(split[1])), None) if split[0] > 1 else (i64(0), None)
             if split[0] > 1:
                 j1 = b.add(j0, i64(split[1]))
                 j1 = b.select(b.icmp_signed("<", j1, i64(n)), j1, i64(n))
             else:
                 j1 = i64(n)
-            (_dots if tb else _rows_by_k)(k, dt, pa, pb, pc, oa, ob, oc, m, kk, n, sa0, sa1,
-                                          j0, j1)
+            (_dots if kind == "dots" else _rows_by_k)(k, dt, pa, pb, pc, oa, ob, oc, m, kk,
+                                                      n, sa0, sa1, j0, j1)
             return
 
         def row(i):
@@ -134,44 +151,43 @@ def _rows_by_k(k: Kernel, dt, pa, pb, pc, oa, ob, oc, m: int, kk: int, n: int, s
     loop does: the same bits."""
     b = k.b
     ft = pc.type.pointee
-    w = 32 // dt.itemsize if is_float(dt) else 1     # an AVX2 register's elements
-    u = max(1, 4 // m)      # registers per row: at least 4 sums at once hide the add latency
+    w = 32 // dt.itemsize      # an AVX2 register's elements
+    u = -(-4 // m)      # registers per row: at least 4 sums at once hide the add latency
     width = w * u
-    blocks = b.sdiv(b.sub(j1, j0), i64(width)) if w > 1 else i64(0)
-    if w > 1:
-        vt = ir.VectorType(ft, w)
-        accs = [[k.alloca(vt) for _ in range(u)] for _ in range(m)]
-        zero = ir.Constant(vt, [const(dt, 0)] * w)
-        splat = ir.Constant(ir.VectorType(I32, w), [0] * w)
-        align = dt.itemsize
+    blocks = b.sdiv(b.sub(j1, j0), i64(width))
+    vt = ir.VectorType(ft, w)
+    accs = [[k.alloca(vt) for _ in range(u)] for _ in range(m)]
+    zero = ir.Constant(vt, [const(dt, 0)] * w)
+    splat = ir.Constant(ir.VectorType(I32, w), [0] * w)
+    align = dt.itemsize
 
-        def block(q):
-            jb = b.add(j0, b.mul(q, i64(width)))
-            for row in accs:
-                for acc in row:
-                    b.store(zero, acc)
+    def block(q):
+        jb = b.add(j0, b.mul(q, i64(width)))
+        for row in accs:
+            for acc in row:
+                b.store(zero, acc)
 
-            def red(p):
-                bp = b.gep(pb, [b.add(ob, b.add(b.mul(p, i64(n)), jb))], inbounds=True)
-                bp = b.bitcast(bp, vt.as_pointer())
-                bvs = [b.load(b.gep(bp, [i64(v)], inbounds=True), align=align)
-                       for v in range(u)]
-                for i, row in enumerate(accs):
-                    a = b.load(b.gep(pa, [b.add(oa, b.add(i64(i * sa0), b.mul(p, i64(sa1))))],
-                                     inbounds=True))
-                    av = b.shuffle_vector(b.insert_element(ir.Constant(vt, ir.Undefined), a,
-                                                           ir.Constant(I32, 0)),
-                                          ir.Constant(vt, ir.Undefined), splat)
-                    for acc, bv in zip(row, bvs):
-                        b.store(b.fadd(b.load(acc), b.fmul(av, bv)), acc)
-            k.for_range(i64(0), i64(kk), red)
+        def red(p):
+            bp = b.gep(pb, [b.add(ob, b.add(b.mul(p, i64(n)), jb))], inbounds=True)
+            bp = b.bitcast(bp, vt.as_pointer())
+            bvs = [b.load(b.gep(bp, [i64(v)], inbounds=True), align=align)
+                   for v in range(u)]
             for i, row in enumerate(accs):
-                cp = b.gep(pc, [b.add(oc, b.add(i64(i * n), jb))], inbounds=True)
-                cp = b.bitcast(cp, vt.as_pointer())
-                for v, acc in enumerate(row):
-                    b.store(b.load(acc), b.gep(cp, [i64(v)], inbounds=True), align=align)
-        k.for_range(i64(0), blocks, block)
-    # the columns after the last whole block (all of them for integers), one at a time
+                a = b.load(b.gep(pa, [b.add(oa, b.add(i64(i * sa0), b.mul(p, i64(sa1))))],
+                                 inbounds=True))
+                av = b.shuffle_vector(b.insert_element(ir.Constant(vt, ir.Undefined), a,
+                                                       ir.Constant(I32, 0)),
+                                      ir.Constant(vt, ir.Undefined), splat)
+                for acc, bv in zip(row, bvs):
+                    b.store(b.fadd(b.load(acc), b.fmul(av, bv)), acc)
+        k.for_range(i64(0), i64(kk), red)
+        for i, row in enumerate(accs):
+            cp = b.gep(pc, [b.add(oc, b.add(i64(i * n), jb))], inbounds=True)
+            cp = b.bitcast(cp, vt.as_pointer())
+            for v, acc in enumerate(row):
+                b.store(b.load(acc), b.gep(cp, [i64(v)], inbounds=True), align=align)
+    k.for_range(i64(0), blocks, block)
+    # the columns after the last whole block, one at a time
     acc1 = k.alloca(ft)
 
     def col(j):
@@ -182,8 +198,7 @@ def _rows_by_k(k: Kernel, dt, pa, pb, pc, oa, ob, oc, m: int, kk: int, n: int, s
             def red(p):
                 a = b.load(b.gep(pa, [b.add(arow, b.mul(p, i64(sa1)))], inbounds=True))
                 bv = b.load(b.gep(pb, [b.add(ob, b.add(b.mul(p, i64(n)), j))], inbounds=True))
-                b.store(b.fadd(b.load(acc1), b.fmul(a, bv)) if is_float(dt) else
-                        b.add(b.load(acc1), b.mul(a, bv)), acc1)
+                b.store(b.fadd(b.load(acc1), b.fmul(a, bv)), acc1)
             k.for_range(i64(0), i64(kk), red)
             b.store(b.load(acc1), b.gep(pc, [b.add(oc, b.add(b.mul(i, i64(n)), j))],
                                         inbounds=True))
@@ -210,10 +225,7 @@ def _dots(k: Kernel, dt, pa, pb, pc, oa, ob, oc, m: int, kk: int, n: int, sa0: i
             def red(p):
                 av = b.load(b.gep(pa, [b.add(arow, b.mul(p, i64(sa1)))], inbounds=True))
                 bv = b.load(b.gep(pb, [b.add(brow, p)], inbounds=True))
-                if is_float(dt):
-                    b.store(b.fadd(b.load(acc), b.fmul(av, bv), flags=("reassoc",)), acc)
-                else:
-                    b.store(b.add(b.load(acc), b.mul(av, bv)), acc)
+                b.store(b.fadd(b.load(acc), b.fmul(av, bv), flags=("reassoc",)), acc)
             k.for_range(i64(0), i64(kk), red)
             b.store(b.load(acc), b.gep(pc, [b.add(b.add(oc, b.mul(i, i64(n))), j)],
                                        inbounds=True))
@@ -226,12 +238,11 @@ LOOP_SPLIT_WORK = 1 << 18    # multiply-adds from which a generated product is s
 
 def loop_tasks(group: Group, threads: int) -> tuple[int, int, bool]:
     """(tasks, columns per task, True) for a generated matmul: a product of a few rows
-    (`_rows_by_k`) or against a transposed B (`_dots`) is split by columns when big enough;
+    (`few_rows`) is split by columns when big enough;
     each element is still summed by one task in one order, so the split never changes
     results. Others run as one task."""
     batch, m, kk, n = gemm_dims(group)
-    few = m <= SMALL_M or group.operands[1][1]
-    if threads < 2 or batch > 1 or not few or m * kk * n < LOOP_SPLIT_WORK or n < 64:
+    if threads < 2 or few_rows(group) is None or m * kk * n < LOOP_SPLIT_WORK or n < 64:
         return 1, m, False
     tasks = min(threads, n // 32)
     chunk = -(-n // tasks)
@@ -369,5 +380,5 @@ def emit_scatter_add(k: Kernel, group: Group) -> None:
     k.for_range(i64(0), i64(pre), outer)
 
 
-__all__ = ["emit_matmul", "emit_scatter_add", "gemm_dims", "gemm_slot", "gemm_tasks",
-           "loop_tasks", "uses_blas"]
+__all__ = ["emit_matmul", "emit_scatter_add", "few_rows", "gemm_dims", "gemm_slot",
+           "gemm_tasks", "loop_tasks", "uses_blas"]
