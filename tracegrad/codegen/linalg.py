@@ -35,6 +35,7 @@ from .plan import Group
 
 BLAS_MIN_WORK = 1 << 16
 ROWS_BY_K = (2, 3)    # rows of a product with a stored B that `_rows_by_k` runs
+KC = 64               # rows of B `_rows_by_k` reads in one chunk
 DOTS_MAX_ROWS = 6     # rows of a product with a transposed B that `_dots` runs ...
 DOTS_MIN_K = 64       # ... from this contraction length
 GEMM_SPLIT_WORK = 1 << 21    # multiply-adds below which a GEMM runs as one task
@@ -147,8 +148,10 @@ def _rows_by_k(k: Kernel, dt, pa, pb, pc, oa, ob, oc, m: int, kk: int, n: int, s
     """Columns j0..j1 of C = op(A) B for a few rows (B stored row-major), B read once: for
     each block of one vector register's width of columns, the block of every row of C
     accumulates in a register over p (k-i-j order within the block), one vector load of B's
-    row p serving all rows. Each element sums its products in p order from 0, as the i-k-j
-    loop does: the same bits."""
+    row p serving all rows. p goes in chunks of KC rows, each chunk over all the blocks
+    (partial sums kept in C), so the rows a chunk reads stay in cache from one block to the
+    next even when B's row length is a power of two (its rows then share cache sets). Each
+    element sums its products in p order from 0, as the i-k-j loop does: the same bits."""
     b = k.b
     ft = pc.type.pointee
     w = 32 // dt.itemsize      # an AVX2 register's elements
@@ -157,36 +160,45 @@ def _rows_by_k(k: Kernel, dt, pa, pb, pc, oa, ob, oc, m: int, kk: int, n: int, s
     blocks = b.sdiv(b.sub(j1, j0), i64(width))
     vt = ir.VectorType(ft, w)
     accs = [[k.alloca(vt) for _ in range(u)] for _ in range(m)]
-    zero = ir.Constant(vt, [const(dt, 0)] * w)
     splat = ir.Constant(ir.VectorType(I32, w), [0] * w)
     align = dt.itemsize
+    k.for_range(i64(0), i64(m), lambda i: k.for_range(j0, j1, lambda j: b.store(
+        const(dt, 0), b.gep(pc, [b.add(b.add(oc, b.mul(i, i64(n))), j)], inbounds=True))))
 
-    def block(q):
-        jb = b.add(j0, b.mul(q, i64(width)))
-        for row in accs:
-            for acc in row:
-                b.store(zero, acc)
+    def chunk(c):
+        p0 = b.mul(c, i64(KC))
+        p1 = b.add(p0, i64(KC))
+        p1 = b.select(b.icmp_signed("<", p1, i64(kk)), p1, i64(kk))
 
-        def red(p):
-            bp = b.gep(pb, [b.add(ob, b.add(b.mul(p, i64(n)), jb))], inbounds=True)
-            bp = b.bitcast(bp, vt.as_pointer())
-            bvs = [b.load(b.gep(bp, [i64(v)], inbounds=True), align=align)
-                   for v in range(u)]
+        def block(q):
+            jb = b.add(j0, b.mul(q, i64(width)))
+            cps = []
             for i, row in enumerate(accs):
-                a = b.load(b.gep(pa, [b.add(oa, b.add(i64(i * sa0), b.mul(p, i64(sa1))))],
-                                 inbounds=True))
-                av = b.shuffle_vector(b.insert_element(ir.Constant(vt, ir.Undefined), a,
-                                                       ir.Constant(I32, 0)),
-                                      ir.Constant(vt, ir.Undefined), splat)
-                for acc, bv in zip(row, bvs):
-                    b.store(b.fadd(b.load(acc), b.fmul(av, bv)), acc)
-        k.for_range(i64(0), i64(kk), red)
-        for i, row in enumerate(accs):
-            cp = b.gep(pc, [b.add(oc, b.add(i64(i * n), jb))], inbounds=True)
-            cp = b.bitcast(cp, vt.as_pointer())
-            for v, acc in enumerate(row):
-                b.store(b.load(acc), b.gep(cp, [i64(v)], inbounds=True), align=align)
-    k.for_range(i64(0), blocks, block)
+                cp = b.gep(pc, [b.add(oc, b.add(i64(i * n), jb))], inbounds=True)
+                cp = b.bitcast(cp, vt.as_pointer())
+                cps.append(cp)
+                for v, acc in enumerate(row):
+                    b.store(b.load(b.gep(cp, [i64(v)], inbounds=True), align=align), acc)
+
+            def red(p):
+                bp = b.gep(pb, [b.add(ob, b.add(b.mul(p, i64(n)), jb))], inbounds=True)
+                bp = b.bitcast(bp, vt.as_pointer())
+                bvs = [b.load(b.gep(bp, [i64(v)], inbounds=True), align=align)
+                       for v in range(u)]
+                for i, row in enumerate(accs):
+                    a = b.load(b.gep(pa, [b.add(oa, b.add(i64(i * sa0), b.mul(p, i64(sa1))))],
+                                     inbounds=True))
+                    av = b.shuffle_vector(b.insert_element(ir.Constant(vt, ir.Undefined), a,
+                                                           ir.Constant(I32, 0)),
+                                          ir.Constant(vt, ir.Undefined), splat)
+                    for acc, bv in zip(row, bvs):
+                        b.store(b.fadd(b.load(acc), b.fmul(av, bv)), acc)
+            k.for_range(p0, p1, red)
+            for cp, row in zip(cps, accs):
+                for v, acc in enumerate(row):
+                    b.store(b.load(acc), b.gep(cp, [i64(v)], inbounds=True), align=align)
+        k.for_range(i64(0), blocks, block)
+    k.for_range(i64(0), i64(-(-kk // KC)), chunk)
     # the columns after the last whole block, one at a time
     acc1 = k.alloca(ft)
 
