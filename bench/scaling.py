@@ -1,6 +1,7 @@
 """Scaling series, tracegrad against jax.jit side by side: ew_chain at 2^10 ... 2^24 elements
 and mlp_step at batch 1 ... 1024. Prints a table, writes bench/out/scaling.json and plots
-bench/scaling.png (matplotlib), so the crossover points are visible.
+bench/scaling.png (matplotlib), so the crossover points are visible. At each size the two are
+timed in alternating rounds (`paired`), so both see the same stretches of a shared machine.
 
     python bench/scaling.py            # both series
     python bench/scaling.py ew_chain   # one of them
@@ -9,10 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
+import time
+from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import block, median_time, optional, pin_threads  # noqa: E402
+from common import block, optional, pin_threads  # noqa: E402
 
 pin_threads()
 
@@ -28,6 +32,27 @@ MLP_BATCHES = [1 << k for k in range(0, 11)]
 
 def _reps(seconds_guess: float) -> int:
     return int(min(200, max(5, 0.5 / max(seconds_guess, 1e-6))))
+
+
+ROUNDS = 5
+
+
+def paired(fns: dict[str, Callable[[], object]], reps: int, warmup: int) -> dict[str, float]:
+    """Median seconds per call of each function, measured in ROUNDS alternating rounds of
+    reps / ROUNDS calls each: on a shared machine whose speed drifts, every framework sees
+    the same stretches of it (back to back, one framework could get a slow one)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    per = max(1, -(-reps // ROUNDS))
+    for _ in range(ROUNDS):
+        for k, fn in fns.items():
+            for _ in range(per):
+                t0 = time.perf_counter()
+                fn()
+                times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _tracegrad():
@@ -56,11 +81,12 @@ def ew_chain_series() -> dict[str, list[float]]:
         jstep = jax.jit(jax.value_and_grad(f_jax))
     for n in EW_SIZES:
         x = wl_ew_chain._x(n)
-        reps = _reps(n * 2e-8)
-        out["tracegrad"].append(median_time(lambda: step(x), reps, warmup=2))
+        fns = {"tracegrad": lambda: step(x)}
         if jax is not None:
             xj = jnp.asarray(x)
-            out["jax.jit"].append(median_time(lambda: block(jstep(xj)), reps, warmup=2))
+            fns["jax.jit"] = lambda: block(jstep(xj))
+        for k, t in paired(fns, _reps(n * 2e-8), warmup=2).items():
+            out[k].append(t)
         k = n.bit_length() - 1
         print(f"  ew_chain n=2^{k:<2d} tracegrad {out['tracegrad'][-1] * 1e3:9.3f} ms"
               + (f"   jax.jit {out['jax.jit'][-1]*1e3:9.3f} ms" if jax is not None else ""),
@@ -81,12 +107,12 @@ def mlp_series() -> dict[str, list[float]]:
         jp = [jnp.asarray(p) for p in params]
     for batch in MLP_BATCHES:
         x, y = wl_mlp.data(batch)
-        reps = _reps(batch * 5e-5)
-        out["tracegrad"].append(median_time(lambda: step(params, x, y), reps, warmup=3))
+        fns = {"tracegrad": lambda: step(params, x, y)}
         if jax is not None:
             xj, yj = jnp.asarray(x), jnp.asarray(y.astype(np.int32))
-            out["jax.jit"].append(median_time(lambda: block(jstep(jp, xj, yj)), reps,
-                                              warmup=3))
+            fns["jax.jit"] = lambda: block(jstep(jp, xj, yj))
+        for k, t in paired(fns, _reps(batch * 5e-5), warmup=3).items():
+            out[k].append(t)
         print(f"  mlp_step batch={batch:<5d} tracegrad {out['tracegrad'][-1]*1e3:9.3f} ms"
               + (f"   jax.jit {out['jax.jit'][-1]*1e3:9.3f} ms" if jax is not None else ""),
               flush=True)
