@@ -265,8 +265,10 @@ def gemm_tasks(group: Group, threads: int) -> tuple[int, int, bool]:
     """(tasks, rows or columns per task, split columns?) for a BLAS matmul on a pool of
     `threads`. Big ones are split along M or N, whichever makes each task re-pack the smaller
     operand (a row split re-packs all of B per task, a column split all of A), into a multiple
-    of `threads` tasks. The split never changes results: each output element is one dot
-    product computed by one ?gemm call in the same order."""
+    of `threads` tasks. Tasks are fixed when compiling, so one compiled function gives the
+    same bits on any pool; but a split hands ?gemm other sub-products, which OpenBLAS may
+    block (and so sum) otherwise: code compiled for another thread count can differ in the
+    last bits (review: (7, 300) @ (300, 1000), 29 elements up to 1.7e-5 apart)."""
     batch, m, kk, n = gemm_dims(group)
     work = batch * m * kk * n
     if threads < 2 or work < GEMM_SPLIT_WORK:
