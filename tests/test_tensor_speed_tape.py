@@ -301,3 +301,19 @@ def test_graphs_dropped_between_values_read_are_freed():
         del x
     alive = sum(r() is not None for r in inputs)
     assert alive <= autograd_exec.REALIZE_PRUNE // 3 + 1
+
+
+def test_a_plan_evicted_by_another_thread_during_a_lookup_is_still_a_hit():
+    """Between an LRU lookup's read and its move to the end, another thread's put can evict
+    the key (review: KeyError)."""
+    import collections
+
+    class Evicting(collections.OrderedDict):
+        def get(self, key, default=None):
+            hit = super().get(key, default)
+            self.pop(key, None)     # what a put on another thread can do in between
+            return hit
+    lru = autograd_exec._LRU(4)
+    lru.items = Evicting()
+    lru.put("k", 1)
+    assert lru.get("k") == 1

@@ -263,7 +263,10 @@ class _LRU:
     def get(self, key: Any) -> Any:
         hit = self.items.get(key)
         if hit is not None:
-            self.items.move_to_end(key)
+            try:
+                self.items.move_to_end(key)
+            except KeyError:    # another thread's put evicted it meanwhile: still a hit
+                pass
         return hit
 
     def put(self, key: Any, value: Any) -> None:
