@@ -1,5 +1,7 @@
 """backward(), tg.autograd.grad/backward, hooks, retain_graph, create_graph, Function and
 saved-tensor hooks on lazy Tensors, plus the one-graph fast path and its caches."""
+import gc
+
 import numpy as np
 import pytest
 
@@ -108,6 +110,25 @@ def test_grad_fn_pre_and_post_hooks():
     z.grad_fn.register_prehook(lambda go: (go[0], go[0]))
     with pytest.raises(RuntimeError, match="has returned an incorrect number of values"):
         z.sum().backward()
+
+
+def test_accumulate_grad_post_hook_runs_after_accumulating():
+    """A hook on a leaf's AccumulateGrad (reached by next_functions) runs once per backward,
+    after .grad is written, with ((), (gradient,)) as in PyTorch; gone with its node."""
+    W = tg.tensor(np.ones(3, np.float32), requires_grad=True)
+    y = W * 2.0
+    acc = y.grad_fn.next_functions[0][0]
+    calls = []
+    acc.register_hook(lambda gi, go: calls.append((gi, go[0].numpy().copy(),
+                                                   W.grad.numpy().copy())))
+    (W * 3.0 + y).sum().backward()
+    assert len(calls) == 1 and calls[0][0] == ()
+    np.testing.assert_allclose(calls[0][1], [5, 5, 5])
+    np.testing.assert_allclose(calls[0][2], [5, 5, 5])
+    del y, acc
+    gc.collect()
+    (W * 3.0).sum().backward()
+    assert len(calls) == 1
 
 
 def test_wrongly_shaped_leaf_hook_raises():

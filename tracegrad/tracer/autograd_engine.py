@@ -206,7 +206,7 @@ class Engine:
         for s, t, g in zip(starts, self.roots, self.grads, strict=False):
             _add(buf, s, _index(s, t._var), g)
         ready = [s for s in dict.fromkeys(starts) if deps.get(id(s), 0) == 0]
-        leaf_grads: dict[int, tuple[Tensor, Tensor]] = {}
+        leaf_grads: dict[int, tuple] = {}   # id(leaf) -> (leaf, its gradient, its nodes)
         while ready:
             n = ready.pop()
             gouts = buf.pop(id(n), None)
@@ -280,14 +280,18 @@ class Engine:
             self.captured[pos] = g
         if self.accumulate and (self.inputs is None or id(acc) in acc_targets):
             prev = leaf_grads.get(id(t))
-            leaf_grads[id(t)] = (t, g if prev is None else prev[1] + g)
+            if prev is None:
+                leaf_grads[id(t)] = (t, g, (acc,))
+            else:
+                leaf_grads[id(t)] = (t, prev[1] + g,
+                                     prev[2] if acc in prev[2] else prev[2] + (acc,))
 
     def _finish(self, leaf_grads: dict, nodes: dict, needed: set) -> None:
         new = []
         saved_mode = mode.grad
         mode.grad = self.create
         try:
-            for t, g in leaf_grads.values():
+            for t, g, _ in leaf_grads.values():
                 old = t._get("grad")
                 if old is None:
                     g = g if self.create else g._plain()
@@ -305,6 +309,11 @@ class Engine:
             mode.grad = saved_mode
         if not self.create:
             realize(new + list(self.captured.values()) + self.roots)
+        for _, g, accs in leaf_grads.values():   # after accumulating, as torch: ((), (grad,))
+            for acc in accs:
+                if acc.post_hooks:
+                    for fn in list(acc.post_hooks.values()):
+                        fn((), (g,))
         if not self.retain:
             for n in nodes.values():
                 if isinstance(n, Node) and id(n) in needed:
