@@ -172,6 +172,35 @@ def test_autograd_grad_leaves_dot_grad_alone_and_checks_inputs():
     close(gm, [6, 12])
 
 
+def test_autograd_grad_of_leaves_takes_the_one_graph_backward(monkeypatch):
+    """tg.autograd.grad of one scalar w.r.t. leaves runs as backward()'s one graph (it took
+    the node-by-node engine every time), with the same gradients, .grad left alone, an
+    unused input told apart, and the graph freed unless retained."""
+    from tracegrad.tracer import autograd_engine
+    W = tg.tensor([[0.5, -1.0], [2.0, 0.25]], requires_grad=True)
+    b = tg.tensor([0.1, -0.2], requires_grad=True)
+    unused = tg.tensor([1.0], requires_grad=True)
+    x = tg.tensor([[1.0, 2.0]])
+
+    def loss():
+        return (tg.tanh(x @ W + b) ** 2).sum()
+    want = tg.autograd.grad(loss(), [W, b], grad_outputs=tg.tensor(1.0))   # (the engine)
+    ran = []
+    real = autograd_engine.Engine.run
+    monkeypatch.setattr(autograd_engine.Engine, "run",
+                        lambda self: ran.append(1) or real(self))
+    for _ in range(2):      # (the second from the tape)
+        got = tg.autograd.grad(loss(), [W, b, unused], allow_unused=True)
+        for g, w in zip(got[:2], want, strict=True):
+            np.testing.assert_array_equal(g.numpy(), w.numpy())
+        assert got[2] is None
+    assert ran == [] and W.grad is None and b.grad is None
+    out = loss()
+    tg.autograd.grad(out, [W])
+    with pytest.raises(RuntimeError, match="second time"):
+        tg.autograd.grad(out, [W])
+
+
 def test_autograd_backward_multiple_roots():
     p = tg.tensor([1.0, 2.0], requires_grad=True)
     tg.autograd.backward([p.sum(), (p * p).sum()], [tg.tensor(1.0), tg.tensor(2.0)])

@@ -95,17 +95,20 @@ def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, retain_graph: bool
          create_graph: bool = False, allow_unused: bool | None = None,
          materialize_grads: bool = False) -> tuple:
     """The gradients of `outputs` w.r.t. `inputs`, as a tuple; `.grad` is left alone."""
-    roots, grads = _roots(outputs, grad_outputs)
     single = isinstance(inputs, Tensor)
     inputs = [inputs] if single else list(inputs)
     for t in inputs:
         if not isinstance(t, Tensor) or not t._rg:
             raise RuntimeError("One of the differentiated Tensors does not require grad")
-    eng = Engine(roots, grads, retain_graph, create_graph, inputs, accumulate=False)
-    eng.run()
+    captured = _fast_grad(outputs, inputs, grad_outputs, retain_graph, create_graph)
+    if captured is None:
+        roots, grads = _roots(outputs, grad_outputs)
+        eng = Engine(roots, grads, retain_graph, create_graph, inputs, accumulate=False)
+        eng.run()
+        captured = eng.captured
     out = []
     for i, t in enumerate(inputs):
-        g = eng.captured.get(i)
+        g = captured.get(i)
         if g is None:
             if not (allow_unused or materialize_grads):
                 raise RuntimeError(
@@ -115,6 +118,27 @@ def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, retain_graph: bool
                 g = Tensor._leaf(np.zeros(t.shape, t.dtype))
         out.append(g)
     return tuple(out)
+
+
+def _fast_grad(outputs: Any, inputs: list, grad_outputs: Any, retain_graph: bool | None,
+               create_graph: bool) -> dict | None:
+    """`grad`'s common case — one scalar output, gradients of leaves, no create_graph — as
+    `backward()`'s one graph (fast_backward), the gradients collected instead of accumulated:
+    {input position: gradient}; None where the general engine is needed."""
+    if grad_outputs is not None or create_graph or type(outputs) is not Tensor or \
+            type(outputs._fn) is not Node or any(t._fn is not None for t in inputs) or \
+            len({t._var.id for t in inputs}) < len({id(t) for t in inputs}):
+        return None     # (two leaves of one variable: the engine tells them apart)
+    ones = _implicit_grad(outputs._var.aval)
+    collect: dict[int, Any] = {}
+    if ones is None or not fast_backward([outputs], [ones], bool(retain_graph), collect):
+        return None
+    out = {}
+    for i, t in enumerate(inputs):
+        g = collect.get(id(t))
+        if g is not None:
+            out[i] = Tensor._leaf(g)
+    return out
 
 
 class Engine:

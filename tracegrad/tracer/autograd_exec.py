@@ -351,11 +351,12 @@ def release(node: Node) -> None:
 
 # ---- the one-graph backward ----------------------------------------------------------------------
 
-def fast_backward(roots: list, grads: list, retain: bool) -> bool:
+def fast_backward(roots: list, grads: list, retain: bool, collect: dict | None = None) -> bool:
     """`backward()` as one graph — forward and backward of everything from the leaves to the
     roots — when no hook, retain_grad, Function or unpack hook needs a node-by-node walk.
-    `grads`: the roots' cotangents, as arrays. Returns False (having changed nothing) when
-    the graph needs the general engine."""
+    `grads`: the roots' cotangents, as arrays. `collect`: the leaves' gradients go there
+    (id(leaf) -> array; `autograd.grad`), not into `.grad`. Returns False (having changed
+    nothing) when the graph needs the general engine."""
     fns = [t._fn for t in roots]
     for n in fns:
         if type(n) is not Node:
@@ -367,7 +368,7 @@ def fast_backward(roots: list, grads: list, retain: bool) -> bool:
         if known is not None:
             ins = _tape_inputs(tape, known)
             if ins is not None:
-                _run_backward(known[0], roots, grads, ins[0], ins[1], ins[2], retain)
+                _run_backward(known[0], roots, grads, ins[0], ins[1], ins[2], retain, collect)
                 return True
     try:
         w = grad_walk(fns)
@@ -403,12 +404,12 @@ def fast_backward(roots: list, grads: list, retain: bool) -> bool:
             _grad_graphs.put(key, entry)
     if found is not None and key is not None:
         _tape_plans.put(found, _tape_recipe(tape, w, entry))
-    _run_backward(entry, roots, grads, w.in_vals, w.in_gsrc, w.order, retain)
+    _run_backward(entry, roots, grads, w.in_vals, w.in_gsrc, w.order, retain, collect)
     return True
 
 
 def _run_backward(entry: CachedGraph, roots: list, grads: list, in_vals: list, in_gsrc: list,
-                  order: list, retain: bool) -> None:
+                  order: list, retain: bool, collect: dict | None = None) -> None:
     """Run a backward plan and hand out its results: the roots' values, the leaves' grads;
     free the graph unless retained."""
     vals = entry(in_vals + grads)
@@ -430,6 +431,9 @@ def _run_backward(entry: CachedGraph, roots: list, grads: list, in_vals: list, i
             sums[id(leaf)] = [leaf, g if prev is None else prev[1] + g]
         leaves, gs = [s[0] for s in sums.values()], [s[1] for s in sums.values()]
     for leaf, g in zip(leaves, gs, strict=True):
+        if collect is not None:
+            collect[id(leaf)] = g
+            continue
         x = leaf._x
         old = x.get("grad") if x is not None else None
         if old is None:
