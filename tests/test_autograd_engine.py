@@ -201,6 +201,39 @@ def test_autograd_grad_of_leaves_takes_the_one_graph_backward(monkeypatch):
         tg.autograd.grad(out, [W])
 
 
+def test_autograd_grad_leaves_alone_what_its_inputs_do_not_need():
+    """The one graph runs and frees all the output reaches; autograd.grad, as torch, only
+    what leads to its inputs (review): a branch to another leaf is neither freed nor checked,
+    and an input listed twice gets one tensor."""
+    a = tg.tensor([1.0, 2.0], requires_grad=True)
+    b = tg.tensor([0.5, 0.25], requires_grad=True)
+    z = b.exp()
+    y = (a * 2).sum() + z.sum()
+    close(tg.autograd.grad(y, [a])[0], [2, 2])
+    close(tg.autograd.grad(z.sum(), [b])[0], np.exp([0.5, 0.25]))      # not freed
+    enc, head = (tg.tensor([1.0, 2.0], requires_grad=True) for _ in range(2))
+    h = enc * enc
+    tg.autograd.grad((h * head).sum(), [head])
+    close(tg.autograd.grad((h * head * 2).sum(), [head])[0], [2, 8])   # h reused
+    t = b + 0
+    u = t * t
+    y = (a * 3).sum() + u.sum()
+    t.add_(1.0)     # changes what only b's gradient reads
+    close(tg.autograd.grad(y, [a])[0], [3, 3])
+    g = tg.autograd.grad((a * a).sum(), [a, a])
+    assert g[0] is g[1]
+
+
+def test_accumulate_grad_hook_errors_as_torch():
+    W = tg.tensor(np.ones(3, np.float32), requires_grad=True)
+    y = W * W
+    y.grad_fn.next_functions[0][0].register_hook(lambda gi, go: go)
+    with pytest.raises(RuntimeError, match="incorrect number of values"):
+        y.sum().backward()
+    with pytest.raises(RuntimeError, match="second time"):   # freed before the hook ran
+        y.sum().backward()
+
+
 def test_autograd_backward_multiple_roots():
     p = tg.tensor([1.0, 2.0], requires_grad=True)
     tg.autograd.backward([p.sum(), (p * p).sum()], [tg.tensor(1.0), tg.tensor(2.0)])

@@ -124,20 +124,35 @@ def _fast_grad(outputs: Any, inputs: list, grad_outputs: Any, retain_graph: bool
                create_graph: bool) -> dict | None:
     """`grad`'s common case — one scalar output, gradients of leaves, no create_graph — as
     `backward()`'s one graph (fast_backward), the gradients collected instead of accumulated:
-    {input position: gradient}; None where the general engine is needed."""
-    if grad_outputs is not None or create_graph or type(outputs) is not Tensor or \
-            type(outputs._fn) is not Node or any(t._fn is not None for t in inputs) or \
+    {input position: gradient}; None where the general engine is needed. The one graph
+    checks, runs and frees everything the output reaches, the engine only what leads to
+    `inputs`: so only a graph whose every leaf is an input (each with its own variable) is
+    taken, and a check failing on the way goes to the engine (the branch may be unneeded)."""
+    if not inputs or grad_outputs is not None or create_graph or \
+            type(outputs) is not Tensor or type(outputs._fn) is not Node or \
+            any(t._fn is not None for t in inputs) or \
             len({t._var.id for t in inputs}) < len({id(t) for t in inputs}):
-        return None     # (two leaves of one variable: the engine tells them apart)
+        return None
+    wanted = {id(t) for t in inputs}
+
+    def every_leaf_wanted(in_gsrc: list) -> bool:
+        return all(g is None or id(g.variable) in wanted for g in in_gsrc)
     ones = _implicit_grad(outputs._var.aval)
     collect: dict[int, Any] = {}
-    if ones is None or not fast_backward([outputs], [ones], bool(retain_graph), collect):
+    try:
+        if ones is None or not fast_backward([outputs], [ones], bool(retain_graph), collect,
+                                             every_leaf_wanted):
+            return None
+    except RuntimeError:    # a freed or changed node: the engine says whether it is needed
         return None
-    out = {}
+    out: dict[int, Any] = {}
+    made: dict[int, Any] = {}
     for i, t in enumerate(inputs):
         g = collect.get(id(t))
         if g is not None:
-            out[i] = Tensor._leaf(g)
+            if id(t) not in made:       # an input listed twice: one tensor, as torch
+                made[id(t)] = Tensor._leaf(g)
+            out[i] = made[id(t)]
     return out
 
 
@@ -333,11 +348,6 @@ class Engine:
             mode.grad = saved_mode
         if not self.create:
             realize(new + list(self.captured.values()) + self.roots)
-        for _, g, accs in leaf_grads.values():   # after accumulating, as torch: ((), (grad,))
-            for acc in accs:
-                if acc.post_hooks:
-                    for fn in list(acc.post_hooks.values()):
-                        fn((), (g,))
         if not self.retain:
             for n in nodes.values():
                 if isinstance(n, Node) and id(n) in needed:
@@ -345,6 +355,15 @@ class Engine:
                     for s in n.saved or ():
                         s.tensor = s.packed = None
         mode.state.clear_tape()   # (see autograd_exec.tape_walk)
+        # last, as torch: after accumulating and freeing (a hook that raises leaves the graph
+        # as a finished backward does), called ((), (grad,)) and returning nothing
+        for _, g, accs in leaf_grads.values():
+            for acc in accs:
+                if acc.post_hooks:
+                    for fn in list(acc.post_hooks.values()):
+                        r = fn((), (g,))
+                        if r is not None:
+                            _checked_tuple(fn, (), r)
 
 
 def _index(node: Any, var: Any) -> int:

@@ -351,12 +351,14 @@ def release(node: Node) -> None:
 
 # ---- the one-graph backward ----------------------------------------------------------------------
 
-def fast_backward(roots: list, grads: list, retain: bool, collect: dict | None = None) -> bool:
+def fast_backward(roots: list, grads: list, retain: bool, collect: dict | None = None,
+                  accept: Any = None) -> bool:
     """`backward()` as one graph — forward and backward of everything from the leaves to the
     roots — when no hook, retain_grad, Function or unpack hook needs a node-by-node walk.
     `grads`: the roots' cotangents, as arrays. `collect`: the leaves' gradients go there
-    (id(leaf) -> array; `autograd.grad`), not into `.grad`. Returns False (having changed
-    nothing) when the graph needs the general engine."""
+    (id(leaf) -> array; `autograd.grad`), not into `.grad`; `accept(in_gsrc)`: whether to
+    go on, asked once the graph's leaves are known, before anything runs. Returns False
+    (having changed nothing) when the graph needs the general engine."""
     fns = [t._fn for t in roots]
     for n in fns:
         if type(n) is not Node:
@@ -368,6 +370,8 @@ def fast_backward(roots: list, grads: list, retain: bool, collect: dict | None =
         if known is not None:
             ins = _tape_inputs(tape, known)
             if ins is not None:
+                if accept is not None and not accept(ins[1]):
+                    return False
                 _run_backward(known[0], roots, grads, ins[0], ins[1], ins[2], retain, collect)
                 return True
     try:
@@ -386,6 +390,8 @@ def fast_backward(roots: list, grads: list, retain: bool, collect: dict | None =
             if w.key is not None:
                 w.key.append(tuple([g is not None for g in w.in_gsrc]))
     except Bail:
+        return False
+    if accept is not None and not accept(w.in_gsrc):
         return False
     key = w.key
     if key is not None:
