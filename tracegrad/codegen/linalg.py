@@ -25,6 +25,7 @@ cost more than they save), and for integers, the choice is as before."""
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 from llvmlite import ir
@@ -107,19 +108,19 @@ def emit_matmul(k: Kernel, group: Group, blas: bool,
         _blas(k, group, ta, tb, pa, pb, pc, split, ir.IntType(int_bits))
         return
 
+    kind = few_rows(group)
+    if kind is not None:    # this task's columns (see loop_tasks); one batch
+        j0, j1 = i64(0), i64(n)
+        if split[0] > 1:
+            j0 = b.mul(k.task, i64(split[1]))
+            j1 = b.add(j0, i64(split[1]))
+            j1 = b.select(b.icmp_signed("<", j1, i64(n)), j1, i64(n))
+        (_dots if kind == "dots" else _rows_by_k)(k, dt, pa, pb, pc, m, kk, n, sa0, sa1,
+                                                  j0, j1)
+        return
+
     def each_batch(t):
         oa, ob, oc = (b.mul(t, i64(s)) for s in (m * kk, kk * n, m * n))
-        kind = few_rows(group)
-        if kind is not None:        # (split: the columns of this task, see loop_tasks)
-            j0, j1 = (b.mul(k.task, i64(split[1])), None) if split[0] > 1 else (i64(0), None)
-            if split[0] > 1:
-                j1 = b.add(j0, i64(split[1]))
-                j1 = b.select(b.icmp_signed("<", j1, i64(n)), j1, i64(n))
-            else:
-                j1 = i64(n)
-            (_dots if kind == "dots" else _rows_by_k)(k, dt, pa, pb, pc, oa, ob, oc, m, kk,
-                                                      n, sa0, sa1, j0, j1)
-            return
 
         def row(i):
             crow = b.add(oc, b.mul(i, i64(n)))
@@ -143,8 +144,25 @@ def emit_matmul(k: Kernel, group: Group, blas: bool,
     k.for_range(i64(0), i64(batch), each_batch)
 
 
-def _rows_by_k(k: Kernel, dt, pa, pb, pc, oa, ob, oc, m: int, kk: int, n: int, sa0: int,
-               sa1: int, j0: ir.Value, j1: ir.Value) -> None:
+def _dot(k: Kernel, acc: ir.Value, dt, pa, arow: ir.Value, sa1: int, pb, b_at: Callable,
+         kk: int, reassoc: bool) -> ir.Value:
+    """The sum over p < kk of A[arow + p * sa1] * B[b_at(p)], accumulated in stack slot
+    `acc` from 0 in p order; with `reassoc`, reassociated (one partial sum per vector lane,
+    fixed by the compiled code, as reductions do)."""
+    b = k.b
+    flags = ("reassoc",) if reassoc else ()
+    b.store(const(dt, 0), acc)
+
+    def red(p):
+        av = b.load(b.gep(pa, [b.add(arow, b.mul(p, i64(sa1)))], inbounds=True))
+        bv = b.load(b.gep(pb, [b_at(p)], inbounds=True))
+        b.store(b.fadd(b.load(acc), b.fmul(av, bv), flags=flags), acc)
+    k.for_range(i64(0), i64(kk), red)
+    return b.load(acc)
+
+
+def _rows_by_k(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa0: int, sa1: int,
+               j0: ir.Value, j1: ir.Value) -> None:
     """Columns j0..j1 of C = op(A) B for a few rows (B stored row-major), B read once: for
     each block of one vector register's width of columns, the block of every row of C
     accumulates in a register over p (k-i-j order within the block), one vector load of B's
@@ -163,7 +181,7 @@ def _rows_by_k(k: Kernel, dt, pa, pb, pc, oa, ob, oc, m: int, kk: int, n: int, s
     splat = ir.Constant(ir.VectorType(I32, w), [0] * w)
     align = dt.itemsize
     k.for_range(i64(0), i64(m), lambda i: k.for_range(j0, j1, lambda j: b.store(
-        const(dt, 0), b.gep(pc, [b.add(b.add(oc, b.mul(i, i64(n))), j)], inbounds=True))))
+        const(dt, 0), b.gep(pc, [b.add(b.mul(i, i64(n)), j)], inbounds=True))))
 
     def chunk(c):
         p0 = b.mul(c, i64(KC))
@@ -174,19 +192,19 @@ def _rows_by_k(k: Kernel, dt, pa, pb, pc, oa, ob, oc, m: int, kk: int, n: int, s
             jb = b.add(j0, b.mul(q, i64(width)))
             cps = []
             for i, row in enumerate(accs):
-                cp = b.gep(pc, [b.add(oc, b.add(i64(i * n), jb))], inbounds=True)
+                cp = b.gep(pc, [b.add(i64(i * n), jb)], inbounds=True)
                 cp = b.bitcast(cp, vt.as_pointer())
                 cps.append(cp)
                 for v, acc in enumerate(row):
                     b.store(b.load(b.gep(cp, [i64(v)], inbounds=True), align=align), acc)
 
             def red(p):
-                bp = b.gep(pb, [b.add(ob, b.add(b.mul(p, i64(n)), jb))], inbounds=True)
+                bp = b.gep(pb, [b.add(b.mul(p, i64(n)), jb)], inbounds=True)
                 bp = b.bitcast(bp, vt.as_pointer())
                 bvs = [b.load(b.gep(bp, [i64(v)], inbounds=True), align=align)
                        for v in range(u)]
                 for i, row in enumerate(accs):
-                    a = b.load(b.gep(pa, [b.add(oa, b.add(i64(i * sa0), b.mul(p, i64(sa1))))],
+                    a = b.load(b.gep(pa, [b.add(i64(i * sa0), b.mul(p, i64(sa1)))],
                                      inbounds=True))
                     av = b.shuffle_vector(b.insert_element(ir.Constant(vt, ir.Undefined), a,
                                                            ir.Constant(I32, 0)),
@@ -203,23 +221,15 @@ def _rows_by_k(k: Kernel, dt, pa, pb, pc, oa, ob, oc, m: int, kk: int, n: int, s
     acc1 = k.alloca(ft)
 
     def col(j):
-        def row(i):
-            arow = b.add(oa, b.mul(i, i64(sa0)))
-            b.store(const(dt, 0), acc1)
-
-            def red(p):
-                a = b.load(b.gep(pa, [b.add(arow, b.mul(p, i64(sa1)))], inbounds=True))
-                bv = b.load(b.gep(pb, [b.add(ob, b.add(b.mul(p, i64(n)), j))], inbounds=True))
-                b.store(b.fadd(b.load(acc1), b.fmul(a, bv)), acc1)
-            k.for_range(i64(0), i64(kk), red)
-            b.store(b.load(acc1), b.gep(pc, [b.add(oc, b.add(b.mul(i, i64(n)), j))],
-                                        inbounds=True))
-        k.for_range(i64(0), i64(m), row)
+        k.for_range(i64(0), i64(m), lambda i: b.store(
+            _dot(k, acc1, dt, pa, b.mul(i, i64(sa0)), sa1, pb,
+                 lambda p: b.add(b.mul(p, i64(n)), j), kk, False),
+            b.gep(pc, [b.add(b.mul(i, i64(n)), j)], inbounds=True)))
     k.for_range(b.add(j0, b.mul(blocks, i64(width))), j1, col)
 
 
-def _dots(k: Kernel, dt, pa, pb, pc, oa, ob, oc, m: int, kk: int, n: int, sa0: int,
-          sa1: int, j0: ir.Value, j1: ir.Value) -> None:
+def _dots(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa0: int, sa1: int,
+          j0: ir.Value, j1: ir.Value) -> None:
     """Columns j0..j1 of C = op(A) B^T with B stored as (n, k) rows: each element is the dot
     product of a row of op(A) with a row of B, both read along p in place (no transposed
     copy). A float sum reassociates (one partial sum per vector lane, fixed by the compiled
@@ -228,20 +238,11 @@ def _dots(k: Kernel, dt, pa, pb, pc, oa, ob, oc, m: int, kk: int, n: int, sa0: i
     acc = k.alloca(pc.type.pointee)
 
     def col(j):     # B's row j, read from cache for every row of C
-        brow = b.add(ob, b.mul(j, i64(kk)))
-
-        def row(i):
-            arow = b.add(oa, b.mul(i, i64(sa0)))
-            b.store(const(dt, 0), acc)
-
-            def red(p):
-                av = b.load(b.gep(pa, [b.add(arow, b.mul(p, i64(sa1)))], inbounds=True))
-                bv = b.load(b.gep(pb, [b.add(brow, p)], inbounds=True))
-                b.store(b.fadd(b.load(acc), b.fmul(av, bv), flags=("reassoc",)), acc)
-            k.for_range(i64(0), i64(kk), red)
-            b.store(b.load(acc), b.gep(pc, [b.add(b.add(oc, b.mul(i, i64(n))), j)],
-                                       inbounds=True))
-        k.for_range(i64(0), i64(m), row)
+        brow = b.mul(j, i64(kk))
+        k.for_range(i64(0), i64(m), lambda i: b.store(
+            _dot(k, acc, dt, pa, b.mul(i, i64(sa0)), sa1, pb, lambda p: b.add(brow, p), kk,
+                 True),
+            b.gep(pc, [b.add(b.mul(i, i64(n)), j)], inbounds=True)))
     k.for_range(j0, j1, col)
 
 
@@ -250,9 +251,8 @@ LOOP_SPLIT_WORK = 1 << 18    # multiply-adds from which a generated product is s
 
 def loop_tasks(group: Group, threads: int) -> tuple[int, int, bool]:
     """(tasks, columns per task, True) for a generated matmul: a product of a few rows
-    (`few_rows`) is split by columns when big enough;
-    each element is still summed by one task in one order, so the split never changes
-    results. Others run as one task."""
+    (`few_rows`) is split by columns when big enough; each element is still summed by one
+    task in one order, so the split never changes results. Others run as one task."""
     batch, m, kk, n = gemm_dims(group)
     if threads < 2 or few_rows(group) is None or m * kk * n < LOOP_SPLIT_WORK or n < 64:
         return 1, m, False

@@ -37,7 +37,8 @@ def prune_tape(st: ThreadMode) -> None:
     """Drop from the tape the nodes only it still holds (recorded, then dropped without a
     backward: an evaluation with grad on), newest first, so that their inputs go with them;
     then let it grow to twice what is left (at least TAPE_ROOM). So a graph dropped is freed
-    within a few hundred ops, or as many as the live graphs have nodes."""
+    within a few hundred ops, or as many as the live graphs have nodes; reading a value
+    prunes too (autograd_exec.realize), so sooner."""
     tape = st.tape
     for i in range(len(tape) - 1, -1, -1):
         if sys.getrefcount(tape[i]) <= 2:     # the tape's reference, and the call's
