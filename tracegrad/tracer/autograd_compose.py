@@ -26,6 +26,7 @@ from .autograd_graph import instantiate
 
 _interp = importlib.import_module("tracegrad.ir.interpret")    # (ir.interpret: a function)
 _step_fn = _interp._step_fn     # the numpy function ir.Program runs for an equation
+_cat = _interp.concatenate       # (np.concatenate without its dispatch)
 
 _recipes: dict = {}     # template sig id -> forward recipe (None: not plannable)
 _brecipes: dict = {}    # (template sig id, inputs needing grad, outputs with cts) -> recipe
@@ -347,7 +348,7 @@ def _synth_fn(op: str, ins: tuple, out: Aval, axis: int | None) -> Callable | No
     if op == "concatenate":
         fn = _concatenate.get(axis)
         if fn is None:
-            fn = _concatenate[axis] = lambda *xs: np.concatenate(xs, axis)
+            fn = _concatenate[axis] = lambda *xs: _cat(xs, axis)
         return fn
     if op == "matmul" and len(ins[0].shape) == 2 and len(ins[1].shape) == 2 and \
             out.dtype.kind == "f" and ins[0].shape[1] != 1:
