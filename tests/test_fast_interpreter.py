@@ -160,3 +160,31 @@ def test_program_skips_equations_no_output_needs():
     v = np.arange(3, dtype=np.float32)
     _same(prog([v]), ir.interpret(graph, [v]), "dead code")
     del dead
+
+
+def test_program_ignores_float_errors_and_restores_the_callers_state():
+    """A Program runs with numpy's float errors ignored (inf and nan are values, as in native
+    code) — through numpy's error-state variable, not np.errstate — and leaves the caller's
+    state as it was, also when a step raises."""
+    import warnings
+    graph = tg.make_ir(lambda x: tg.log(x) / x)(np.zeros(2, np.float32))
+    prog = ir.program(graph)
+    x = np.array([0.0, -1.0], np.float32)
+    before = np.geterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = prog([x])[0]
+    assert np.isneginf(out[0]) and np.isnan(out[1])
+    assert np.geterr() == before
+    with np.errstate(divide="raise", invalid="raise"):
+        prog([x])
+        assert np.geterr()["divide"] == "raise"
+        bad = ir.program(tg.make_ir(lambda x: tg.log(x) / x)(np.zeros(2, np.float32)))
+
+        def boom(*args):
+            raise RuntimeError("a step failed")
+        bad.steps = [(boom,) + step[1:] for step in bad.steps]
+        with pytest.raises(RuntimeError, match="a step failed"):
+            bad([x])
+        assert np.geterr()["divide"] == "raise" and np.geterr()["invalid"] == "raise"
+    assert np.geterr() == before

@@ -27,6 +27,7 @@ from .autograd_graph import instantiate
 _interp = importlib.import_module("tracegrad.ir.interpret")    # (ir.interpret: a function)
 _step_fn = _interp._step_fn     # the numpy function ir.Program runs for an equation
 _cat = _interp.concatenate       # (np.concatenate without its dispatch)
+_errors_off, _errors_back = _interp.errors_off, _interp.errors_back     # (np.errstate, cheaply)
 
 _recipes: dict = {}     # template sig id -> forward recipe (None: not plannable)
 _brecipes: dict = {}    # (template sig id, inputs needing grad, outputs with cts) -> recipe
@@ -373,7 +374,8 @@ class Plan:
     def __call__(self, args: list) -> list:
         env = self.init.copy()
         env[:self.n_in] = args
-        with np.errstate(all="ignore"):
+        token = _errors_off()
+        try:
             for fn, ins, out, n in self.steps:
                 if n == 2:
                     env[out] = fn(env[ins[0]], env[ins[1]])
@@ -384,6 +386,8 @@ class Plan:
                 else:
                     for k, o in zip(out, fn(*[env[i] for i in ins]), strict=True):
                         env[k] = o
+        finally:
+            _errors_back(token)
         return [env[k] if fresh else np.array(env[k]) for k, fresh in self.outs]
 
     def graph(self) -> ir.Graph:
