@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +57,7 @@ class Aval:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)    # (np.prod costs ~4 us: shape rules ask this often)
 
     def __str__(self) -> str:
         text = _AVAL_TEXT.get(self)
