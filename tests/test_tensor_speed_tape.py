@@ -3,6 +3,7 @@ before finds its plan from the nodes recorded since the last backward, without a
 test records a graph once to teach the tape its key, then again with something the key must
 not hide (a hook added afterwards, an in-place change, another leaf...), and checks the
 gradients against numpy or PyTorch's errors."""
+import gc
 import threading
 import weakref
 
@@ -250,6 +251,22 @@ def test_a_graph_dropped_without_backward_is_freed():
         W * 4.0
     assert node() is None
     assert kept.grad_fn in mode.tape
+
+
+def test_an_op_recorded_without_a_fast_path_is_freed_without_the_collector():
+    """Recording's argument walker called itself through its closure: a cycle that held the
+    op's inputs (and their leaves' AccumulateGrads, with any hooks) until the garbage
+    collector ran."""
+    W = tg.tensor(W0, requires_grad=True)
+    gc.disable()
+    try:
+        y = tg.stack([W, W * 2.0])      # (a list argument: recorded the general way)
+        acc = weakref.ref(y.grad_fn.next_functions[0][0])
+        y.sum().backward()
+        del y
+        assert acc() is None
+    finally:
+        gc.enable()
 
 
 def test_threads_keep_their_own_tapes():

@@ -170,6 +170,8 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
             kwargs2 = kwargs
     except _MixedTrace:
         return _concrete(fn, args, kwargs)
+    finally:    # `un` calls itself: a cycle, which held the entries (and their leaves'
+        un = None   # AccumulateGrads) until the garbage collector ran
     sig = tpl = None
     if cache and not deps and None not in desc:
         sig = _signature(desc)
