@@ -318,12 +318,14 @@ class Engine:
         for pos in acc_targets.get(id(acc), ()):
             self.captured[pos] = g
         if self.accumulate and (self.inputs is None or id(acc) in acc_targets):
+            if acc.pre_hooks:
+                g = _accumulate_prehooks(acc, g)
             prev = leaf_grads.get(id(t))
             if prev is None:
                 leaf_grads[id(t)] = (t, g, (acc,))
             else:
-                leaf_grads[id(t)] = (t, prev[1] + g,
-                                     prev[2] if acc in prev[2] else prev[2] + (acc,))
+                total = prev[1] if g is None else g if prev[1] is None else prev[1] + g
+                leaf_grads[id(t)] = (t, total, prev[2] if acc in prev[2] else prev[2] + (acc,))
 
     def _finish(self, leaf_grads: dict, nodes: dict, needed: set) -> None:
         new = []
@@ -331,6 +333,8 @@ class Engine:
         mode.grad = self.create
         try:
             for t, g, _ in leaf_grads.values():
+                if g is None:   # dropped by an AccumulateGrad prehook
+                    continue
                 old = t._get("grad")
                 if old is None:
                     g = g if self.create else g._plain()
@@ -364,6 +368,27 @@ class Engine:
                         r = fn((), (g,))
                         if r is not None:
                             _checked_tuple(fn, (), r)
+
+
+def _accumulate_prehooks(acc: AccumulateGrad, g: Tensor | None) -> Tensor | None:
+    """The gradient `acc` accumulates once its prehooks saw it: each is called with
+    `(gradient,)` and may return a tuple replacing it, as in torch (`(None,)`: none)."""
+    for fn in list(acc.pre_hooks.values()):
+        r = fn((g,))
+        if r is None:
+            continue
+        if type(r) is not tuple:
+            raise TypeError(f"expected tuple, but hook returned '{type(r).__name__}'")
+        if len(r) != 1:
+            raise RuntimeError(f"hook '{hook_name(fn)}' has returned an incorrect number of "
+                               f"values (got {len(r)}, but expected 1)")
+        if r[0] is None:
+            g = None
+        elif g is None:
+            raise RuntimeError("can't replace a None gradient with a non-None value")
+        else:
+            g = _checked(fn, g, r[0])
+    return g
 
 
 def _index(node: Any, var: Any) -> int:

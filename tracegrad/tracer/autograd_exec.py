@@ -177,7 +177,7 @@ def _check_plain(n: Node) -> None:
 
 
 def _check_leaf(acc: AccumulateGrad) -> None:
-    if acc.post_hooks or acc.variable._get("hooks"):
+    if acc.post_hooks or acc.pre_hooks or acc.variable._get("hooks"):
         raise Bail
 
 
@@ -558,7 +558,8 @@ def _tape_inputs(tape: list, recipe: tuple) -> tuple[list, list, list] | None:
             vsrc = None if vals is None else vals.get(var.id)
             if vsrc is None:
                 return None
-        if gsrc is not None and (gsrc.post_hooks or gsrc.variable._get("hooks")):
+        if gsrc is not None and (gsrc.post_hooks or gsrc.pre_hooks or
+                                 gsrc.variable._get("hooks")):
             return None
         in_vals.append(vsrc)
         in_gsrc.append(gsrc)
@@ -626,7 +627,7 @@ def grad_walk(roots: list[Node]) -> Walk | None:
                         if vsrc is None:
                             return None     # computed without grad: the general walk
                 elif type(gsrc) is not AccumulateGrad or gsrc.post_hooks or \
-                        gsrc.variable._get("hooks"):
+                        gsrc.pre_hooks or gsrc.variable._get("hooks"):
                     return None
                 elif type(vsrc) is Node:
                     vsrc = _cached(vsrc, var)

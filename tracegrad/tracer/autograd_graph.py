@@ -360,10 +360,11 @@ _TYPE_NAMES = {"float32": "Float", "float64": "Double", "int64": "Long", "int32"
 
 class AccumulateGrad:
     """The node a leaf tensor's gradient flows into; it adds the gradient to `.grad`."""
-    __slots__ = ("variable", "post_hooks", "__weakref__")
+    __slots__ = ("variable", "pre_hooks", "post_hooks", "__weakref__")
 
     def __init__(self, variable: Any):
         self.variable = variable
+        self.pre_hooks: dict | None = None
         self.post_hooks: dict | None = None
 
     def name(self) -> str:
@@ -374,12 +375,17 @@ class AccumulateGrad:
     grad = True
 
     def register_hook(self, fn: Callable) -> RemovableHandle:
+        """`fn((), (grad,))` after the gradient `grad` of this backward was accumulated."""
         if self.post_hooks is None:
             self.post_hooks = {}
         return add_hook(self.post_hooks, fn)
 
     def register_prehook(self, fn: Callable) -> RemovableHandle:
-        return self.variable.register_hook(fn)
+        """`fn((grad,))` before `grad` (after the leaf's tensor hooks) is accumulated; it may
+        return a tuple replacing it (`(None,)`: nothing is accumulated)."""
+        if self.pre_hooks is None:
+            self.pre_hooks = {}
+        return add_hook(self.pre_hooks, fn)
 
     def __repr__(self) -> str:
         return f"<AccumulateGrad object at {hex(id(self))}>"

@@ -1,0 +1,89 @@
+"""Gradients and hooks at the leaves, each program run in tracegrad and (where installed)
+PyTorch against the same expected numbers: hooks on a leaf's AccumulateGrad
+(`register_prehook`, `register_hook`)."""
+import numpy as np
+import pytest
+
+import tracegrad as tg
+
+
+@pytest.fixture(params=["tracegrad", "torch"])
+def lib(request):
+    if request.param == "torch":
+        return pytest.importorskip("torch")
+    return tg
+
+
+@pytest.fixture(params=["one graph", "engine"])
+def path(request):
+    return request.param
+
+
+def leaf(lib, values):
+    return lib.tensor(np.asarray(values, np.float32), requires_grad=True)
+
+
+def grad_of(t):
+    return None if t.grad is None else t.grad.detach().numpy().tolist()
+
+
+def backward(y, path):
+    """y.sum().backward() through the one-graph backward or, with a hook on y, the
+    node-by-node engine (a hook changing nothing)."""
+    if path == "engine":
+        y.register_hook(lambda g: g)
+    y.sum().backward()
+
+
+# ---- hooks on a leaf's AccumulateGrad ------------------------------------------------------------
+
+def test_accumulate_grad_prehook_sees_and_replaces_the_gradient(lib, path):
+    """Order as torch: the leaf's tensor hooks, the AccumulateGrad's prehooks (a tuple in, a
+    tuple or None out, chained), .grad written, its post hooks (with the gradient added)."""
+    W = leaf(lib, [1, 1, 1])
+    y = W * 2.0
+    acc = y.grad_fn.next_functions[0][0]
+    log = []
+    W.register_hook(lambda g: g * 10)
+    acc.register_prehook(lambda go: log.append(("pre", type(go), len(go), go[0].tolist()))
+                         or (go[0] + 1,))
+    acc.register_prehook(lambda go: log.append(("pre2", go[0].tolist())))
+    acc.register_hook(lambda gi, go: log.append(("post", gi, go[0].tolist(), grad_of(W))))
+    backward(W * 3.0 + y, path)
+    assert log == [("pre", tuple, 1, [50, 50, 50]), ("pre2", [51, 51, 51]),
+                   ("post", (), [51, 51, 51], [51, 51, 51])]
+    assert grad_of(W) == [51, 51, 51]
+
+
+def test_accumulate_grad_prehook_results(lib):
+    def run(result):
+        W = leaf(lib, [1, 1, 1])
+        y = W * 2.0
+        y.grad_fn.next_functions[0][0].register_prehook(lambda go: result(go))
+        y.sum().backward()
+        return grad_of(W)
+    assert run(lambda go: None) == [2, 2, 2]
+    assert run(lambda go: (go[0] * 3,)) == [6, 6, 6]
+    assert run(lambda go: (None,)) is None      # the gradient is dropped
+    with pytest.raises(TypeError, match="expected tuple, but hook returned 'list'"):
+        run(lambda go: [go[0]])
+    with pytest.raises(TypeError, match="expected tuple, but hook returned 'Tensor'"):
+        run(lambda go: go[0])
+    with pytest.raises(RuntimeError, match="has returned an incorrect number of values"):
+        run(lambda go: (go[0], go[0]))
+    with pytest.raises(RuntimeError, match="has changed the size of value"):
+        run(lambda go: (go[0][:2],))
+
+
+def test_accumulate_grad_prehook_handle_and_autograd_grad(lib):
+    """autograd.grad accumulates nothing: the prehook is not called (as torch)."""
+    W = leaf(lib, [1, 1, 1])
+    y = W * 2.0
+    acc = y.grad_fn.next_functions[0][0]
+    calls = []
+    h = acc.register_prehook(lambda go: calls.append(1) or (go[0] * 3,))
+    g, = lib.autograd.grad(y.sum(), [W], retain_graph=True)
+    assert g.tolist() == [2, 2, 2] and calls == []
+    h.remove()
+    y.sum().backward()
+    assert grad_of(W) == [2, 2, 2] and calls == []
