@@ -1,5 +1,6 @@
 """Gradients and hooks at the leaves, each program run in tracegrad and (where installed)
-PyTorch against the same expected numbers: hooks on a leaf's AccumulateGrad
+PyTorch against the same expected numbers: two leaves holding one variable (`a.data = b`, a
+detached alias written through) get a gradient each; hooks on a leaf's AccumulateGrad
 (`register_prehook`, `register_hook`)."""
 import numpy as np
 import pytest
@@ -33,6 +34,70 @@ def backward(y, path):
     if path == "engine":
         y.register_hook(lambda g: g)
     y.sum().backward()
+
+
+def two_leaves(lib):
+    """A and B: two leaves holding one variable (A's value is B's: [1, 2, 3])."""
+    A = leaf(lib, [0, 0, 0])
+    B = leaf(lib, [1, 2, 3])
+    A.data = B
+    return A, B
+
+
+# ---- two leaves of one variable ----------------------------------------------------------------
+
+def test_two_leaves_of_one_variable_get_their_own_gradients(lib, path):
+    A, B = two_leaves(lib)
+    backward(B * 3.0 + A * 2.0, path)
+    assert (grad_of(A), grad_of(B)) == ([2, 2, 2], [3, 3, 3])
+    A, B = two_leaves(lib)
+    backward(A * 2.0 + B * 3.0, path)
+    assert (grad_of(A), grad_of(B)) == ([2, 2, 2], [3, 3, 3])
+
+
+def test_two_leaves_of_one_variable_in_one_op(lib, path):
+    """One op reading both leaves: d(A*B*B)/dA = B*B, d/dB = 2*A*B (not one square)."""
+    A, B = two_leaves(lib)
+    backward(A * B * B, path)
+    assert (grad_of(A), grad_of(B)) == ([1, 4, 9], [2, 8, 18])
+    A, B = two_leaves(lib)
+    backward(lib.stack([A, B * 2.0]), path)
+    assert (grad_of(A), grad_of(B)) == ([1, 1, 1], [2, 2, 2])
+
+
+@pytest.mark.parametrize("read", [False, True])
+def test_a_detached_alias_written_through_gets_its_own_gradient(lib, path, read):
+    """d = c.detach() made a leaf and written in place: c reads d's (pending, unless
+    `read`) value, and each gets the gradient of its own uses."""
+    c = leaf(lib, [1, 2, 3])
+    d = c.detach()
+    d.requires_grad_(True)
+    with lib.no_grad():
+        d.mul_(2.0)
+    if read:
+        assert d.tolist() == [2, 4, 6]
+    backward(c * 3.0 + d * d, path)
+    assert (grad_of(c), grad_of(d)) == ([3, 3, 3], [4, 8, 12])
+
+
+def test_two_leaves_of_one_variable_with_a_retained_graph(lib):
+    A, B = two_leaves(lib)
+    y = (B * 3.0 + A * A).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    assert (grad_of(A), grad_of(B)) == ([4, 8, 12], [6, 6, 6])
+
+
+def test_autograd_grad_of_two_leaves_of_one_variable(lib):
+    for first_a in (True, False):
+        A, B = two_leaves(lib)
+        y = ((A * 2.0 + B * 3.0) if first_a else (B * 3.0 + A * 2.0)).sum()
+        ga, = lib.autograd.grad(y, [A], retain_graph=True)
+        gb, = lib.autograd.grad(y, [B], retain_graph=True)
+        both = lib.autograd.grad(y, [A, B])
+        assert ga.tolist() == [2, 2, 2] and gb.tolist() == [3, 3, 3]
+        assert [g.tolist() for g in both] == [[2, 2, 2], [3, 3, 3]]
+        assert A.grad is None and B.grad is None
 
 
 # ---- hooks on a leaf's AccumulateGrad ------------------------------------------------------------

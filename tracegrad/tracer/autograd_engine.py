@@ -126,12 +126,12 @@ def _fast_grad(outputs: Any, inputs: list, grad_outputs: Any, retain_graph: bool
     `backward()`'s one graph (fast_backward), the gradients collected instead of accumulated:
     {input position: gradient}; None where the general engine is needed. The one graph
     checks, runs and frees everything the output reaches, the engine only what leads to
-    `inputs`: so only a graph whose every leaf is an input (each with its own variable) is
-    taken, and a check failing on the way goes to the engine (the branch may be unneeded)."""
+    `inputs`: so only a graph whose every leaf is an input is taken (two leaves of one
+    variable are two: see autograd_exec._own_slot), and a check failing on the way goes to
+    the engine (the branch may be unneeded)."""
     if not inputs or grad_outputs is not None or create_graph or \
             type(outputs) is not Tensor or type(outputs._fn) is not Node or \
-            any(t._fn is not None for t in inputs) or \
-            len({t._var.id for t in inputs}) < len({id(t) for t in inputs}):
+            any(t._fn is not None for t in inputs):
         return None
     wanted = {id(t) for t in inputs}
 

@@ -284,6 +284,21 @@ def instantiate(tpl: tuple, entries: list, out_vars: list, source: str | None,
     return eqns
 
 
+def rename_input(node: Node, var: Var, gsrc: Any, new: Var, value: Any) -> None:
+    """Make `node` read its input `var` from `gsrc` as variable `new`, holding `value`: a
+    second leaf of one variable gets a variable of its own (see autograd_exec._own_slot)."""
+    args = list(node.args)
+    for j, (v, g, _) in enumerate(args):
+        if v is var and g is gsrc:
+            args[j] = (new, gsrc, value)
+    node.args = tuple(args)
+    eqns = node._eqns
+    if eqns is not None:    # (else made from the entries when asked for)
+        node._eqns = [e if all(a is not var for a in e.inputs) else
+                      Eqn(e.op, [new if a is var else a for a in e.inputs], e.outvars, e.params,
+                          e.source) for e in eqns]
+
+
 def _out_index(node: Node, var: Var) -> int:
     for i, v in enumerate(node.out_vars):
         if v is var:
