@@ -1,11 +1,12 @@
 """Gradients and hooks at the leaves, each program run in tracegrad and (where installed)
 PyTorch against the same expected numbers: two leaves holding one variable (`a.data = b`, a
 detached alias written through) get a gradient each; hooks on a leaf's AccumulateGrad
-(`register_prehook`, `register_hook`)."""
+(`register_prehook`, `register_hook`) and `register_post_accumulate_grad_hook`."""
 import numpy as np
 import pytest
 
 import tracegrad as tg
+from tracegrad.tracer import autograd_engine
 
 
 @pytest.fixture(params=["tracegrad", "torch"])
@@ -152,3 +153,92 @@ def test_accumulate_grad_prehook_handle_and_autograd_grad(lib):
     h.remove()
     y.sum().backward()
     assert grad_of(W) == [2, 2, 2] and calls == []
+
+
+# ---- register_post_accumulate_grad_hook ----------------------------------------------------
+
+def test_post_accumulate_grad_hook_runs_after_dot_grad_is_written(lib, path):
+    W = leaf(lib, [1, 1, 1])
+    log = []
+    h = W.register_post_accumulate_grad_hook(
+        lambda t: log.append(("hook", t is W, grad_of(t))))
+    y = W * 2.0
+    acc = y.grad_fn.next_functions[0][0]
+    acc.register_hook(lambda gi, go: log.append(("acc post", go[0].tolist())))
+    backward(W * 3.0 + y, path)
+    assert log == [("hook", True, [5, 5, 5]), ("acc post", [5, 5, 5])]
+    log.clear()
+    del y, acc
+    backward(W * 3.0, path)
+    assert log == [("hook", True, [8, 8, 8])]
+    log.clear()
+    lib.autograd.grad((W * 3.0).sum(), [W])     # nothing accumulated: not called
+    h.remove()
+    backward(W * 3.0, path)
+    assert log == [] and grad_of(W) == [11, 11, 11]
+
+
+def test_post_accumulate_grad_hook_only_for_the_leaves_accumulated(lib):
+    A, B = leaf(lib, [1, 2]), leaf(lib, [3, 4])
+    log = []
+    A.register_post_accumulate_grad_hook(lambda t: log.append("A"))
+    B.register_post_accumulate_grad_hook(lambda t: log.append("B"))
+    (A * B).sum().backward(inputs=[A])
+    assert log == ["A"] and grad_of(A) == [3, 4] and B.grad is None
+
+
+def test_post_accumulate_grad_hook_errors(lib):
+    W = leaf(lib, [1, 2])
+    with pytest.raises(RuntimeError, match="post accumulate grad hooks cannot be registered "
+                       "on non-leaf tensors"):
+        (W * 2).register_post_accumulate_grad_hook(lambda t: None)
+    with pytest.raises(RuntimeError, match="cannot register a hook on a tensor that doesn't "
+                       "require gradient"):
+        lib.ones(2).register_post_accumulate_grad_hook(lambda t: None)
+    W.register_post_accumulate_grad_hook(lambda t: t.grad)
+    with pytest.raises(RuntimeError, match="post accumulate grad hooks should return None"):
+        (W * 2).sum().backward()
+    assert grad_of(W) == [2, 2]      # written before the hook ran
+    V = leaf(lib, [1, 2])
+    V.register_post_accumulate_grad_hook(lambda t: 1)
+    z = V * V
+    with pytest.raises(TypeError, match="returned 'int'"):
+        z.sum().backward()
+    with pytest.raises(RuntimeError, match="second time"):     # freed before the hook ran
+        z.sum().backward()
+
+
+def _sgd_in_backward(lib, path):
+    """Optimizer steps run by post-accumulate hooks, the RNN-like loop re-recorded each
+    iteration (the one graph learns it, then reads it from the tape)."""
+    W = leaf(lib, [[0.5, -0.25], [0.125, 0.75]])
+
+    def step(t):
+        with lib.no_grad():
+            t -= 0.1 * t.grad
+        t.grad = None
+    W.register_post_accumulate_grad_hook(step)
+    losses = []
+    for _ in range(4):
+        h = lib.tensor(np.array([[1.0, -2.0]], np.float32))
+        for _ in range(3):
+            h = lib.tanh(h @ W)
+        loss = (h * h).sum()
+        losses.append(float(loss.item()))
+        backward(h * h, path)
+    assert W.grad is None
+    return W.detach().numpy(), losses
+
+
+def test_post_accumulate_grad_hook_steps_an_optimizer(lib, path):
+    w, losses = _sgd_in_backward(lib, path)
+    expected = [0.208959, 0.139251, 0.093717, 0.064909]     # (numpy, float64)
+    np.testing.assert_allclose(losses, expected, rtol=1e-4)
+    np.testing.assert_allclose(w, [[0.459602, -0.227318], [0.161506, 0.497925]], rtol=1e-4)
+
+
+def test_post_accumulate_grad_hook_keeps_the_one_graph_backward(monkeypatch):
+    def no_engine(*args):
+        raise AssertionError("took the node-by-node engine")
+    monkeypatch.setattr(autograd_engine.Engine, "_walk", no_engine)
+    _sgd_in_backward(tg, "one graph")

@@ -360,8 +360,11 @@ class Engine:
                         s.tensor = s.packed = None
         mode.state.clear_tape()   # (see autograd_exec.tape_walk)
         # last, as torch: after accumulating and freeing (a hook that raises leaves the graph
-        # as a finished backward does), called ((), (grad,)) and returning nothing
-        for _, g, accs in leaf_grads.values():
+        # as a finished backward does): per leaf its post-accumulate hooks, then those of its
+        # AccumulateGrad, called ((), (grad,)) and returning nothing
+        for t, g, accs in leaf_grads.values():
+            if t._get("post_accumulate"):
+                t._post_accumulate()
             for acc in accs:
                 if acc.post_hooks:
                     for fn in list(acc.post_hooks.values()):

@@ -445,21 +445,30 @@ def _run_backward(entry: CachedGraph, roots: list, grads: list, in_vals: list, i
             prev = sums.get(id(leaf))
             sums[id(leaf)] = [leaf, g if prev is None else prev[1] + g]
         leaves, gs = [s[0] for s in sums.values()], [s[1] for s in sums.values()]
+    hooked = None
     for leaf, g in zip(leaves, gs, strict=True):
         if collect is not None:
             collect[id(leaf)] = g
             continue
         x = leaf._x
-        old = x.get("grad") if x is not None else None
+        if x is None:
+            leaf._x = {"grad": Tensor._leaf(g)}
+            continue
+        old = x.get("grad")
         if old is None:
-            leaf._extra()["grad"] = Tensor._leaf(g)
+            x["grad"] = Tensor._leaf(g)
         else:
             assign_(old, old._val() + g)
+        if x.get("post_accumulate"):
+            hooked = [leaf] if hooked is None else hooked + [leaf]
     if not retain:      # (nothing was packed: grad_walk and walk leave those to the engine)
         for n in order:
             if n.grad:
                 n.freed = True
     mode.state.clear_tape()
+    if hooked is not None:      # last, as the engine does
+        for leaf in hooked:
+            leaf._post_accumulate()
 
 
 # (tape key, root) -> (plan, where each input is found, which nodes the plan covers)
