@@ -1,7 +1,8 @@
 """Gradients and hooks at the leaves, each program run in tracegrad and (where installed)
 PyTorch against the same expected numbers: two leaves holding one variable (`a.data = b`, a
 detached alias written through) get a gradient each; hooks on a leaf's AccumulateGrad
-(`register_prehook`, `register_hook`) and `register_post_accumulate_grad_hook`."""
+(`register_prehook`, `register_hook`) and `register_post_accumulate_grad_hook`; and a hook
+on the AccumulateGrad of a graph the user dropped goes with that graph."""
 import numpy as np
 import pytest
 
@@ -242,3 +243,49 @@ def test_post_accumulate_grad_hook_keeps_the_one_graph_backward(monkeypatch):
         raise AssertionError("took the node-by-node engine")
     monkeypatch.setattr(autograd_engine.Engine, "_walk", no_engine)
     _sgd_in_backward(tg, "one graph")
+
+
+# ---- hooks of a dropped graph ------------------------------------------------------------
+
+def _hooked_then_dropped(lib, log):
+    """Registers AccumulateGrad hooks of W through a graph that is then dropped (its value
+    read, as an evaluation with grad on would)."""
+    W = leaf(lib, [1, 1, 1])
+
+    def evaluate():
+        y = W * 2.0
+        acc = y.grad_fn.next_functions[0][0]
+        acc.register_hook(lambda gi, go: log.append("post"))
+        acc.register_prehook(lambda go: log.append("pre"))
+        return float((y * y).sum().item())
+    evaluate()
+    return W
+
+
+def test_hooks_on_a_dropped_graphs_accumulate_grad_go_with_it(lib, path):
+    log = []
+    W = _hooked_then_dropped(lib, log)
+    backward(W * 3.0, path)
+    assert log == [] and grad_of(W) == [3, 3, 3]
+    W = leaf(lib, [1, 1, 1])
+    y = W * 2.0
+    y.grad_fn.next_functions[0][0].register_hook(lambda gi, go: log.append("post"))
+    del y
+    backward(W * 3.0 + W * W, path)
+    assert log == [] and grad_of(W) == [5, 5, 5]
+
+
+def test_hooks_on_a_kept_accumulate_grad_still_run(lib, path):
+    """The AccumulateGrad held by the user (or a live graph) is the one new graphs use."""
+    W = leaf(lib, [1, 1, 1])
+    y = W * 2.0
+    acc = y.grad_fn.next_functions[0][0]
+    log = []
+    acc.register_hook(lambda gi, go: log.append("post"))
+    del y
+    backward(W * 3.0, path)
+    assert log == ["post"]
+    z = W * 2.0
+    z.grad_fn.next_functions[0][0].register_prehook(lambda go: log.append("pre"))
+    backward(W * 3.0 + z, path)
+    assert log == ["post", "pre", "post"]

@@ -374,13 +374,15 @@ _TYPE_NAMES = {"float32": "Float", "float64": "Double", "int64": "Long", "int32"
 
 
 class AccumulateGrad:
-    """The node a leaf tensor's gradient flows into; it adds the gradient to `.grad`."""
-    __slots__ = ("variable", "pre_hooks", "post_hooks", "__weakref__")
+    """The node a leaf tensor's gradient flows into; it adds the gradient to `.grad`. A
+    leaf's graphs share it while any of them (or the user) holds it (Tensor._gsrc)."""
+    __slots__ = ("variable", "pre_hooks", "post_hooks", "hooked", "__weakref__")
 
     def __init__(self, variable: Any):
         self.variable = variable
         self.pre_hooks: dict | None = None
         self.post_hooks: dict | None = None
+        self.hooked = False     # some hook was registered on it
 
     def name(self) -> str:
         return "AccumulateGrad"
@@ -393,6 +395,7 @@ class AccumulateGrad:
         """`fn((), (grad,))` after the gradient `grad` of this backward was accumulated."""
         if self.post_hooks is None:
             self.post_hooks = {}
+        self.hooked = True
         return add_hook(self.post_hooks, fn)
 
     def register_prehook(self, fn: Callable) -> RemovableHandle:
@@ -400,6 +403,7 @@ class AccumulateGrad:
         return a tuple replacing it (`(None,)`: nothing is accumulated)."""
         if self.pre_hooks is None:
             self.pre_hooks = {}
+        self.hooked = True
         return add_hook(self.pre_hooks, fn)
 
     def __repr__(self) -> str:

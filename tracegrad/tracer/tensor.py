@@ -17,7 +17,7 @@ from ..ir.core import Aval, Var, is_float, remember
 from . import dispatch
 from .autograd_exec import realize
 from .autograd_graph import AccumulateGrad, Inplace, Node, add_hook, hook_name
-from .grad_mode import mode
+from .grad_mode import mode, prune_tape
 
 _new = object.__new__
 _AVALS: dict = {}    # (shape, dtype) -> Aval, for leaves (making an Aval hashes it)
@@ -92,6 +92,13 @@ class Tensor:
             ref = x.get("acc")
             if ref is not None:
                 acc = ref()
+                if acc is not None and acc.hooked:
+                    # In torch it goes, with its hooks, once the user and the graphs using it
+                    # drop it; here the tape also holds the graphs dropped since the last
+                    # backward: prune those first (perhaps freeing it), then look again.
+                    acc = None
+                    prune_tape(mode.state)
+                    acc = ref()
                 if acc is not None:
                     return acc
         acc = AccumulateGrad(self)

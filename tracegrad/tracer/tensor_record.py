@@ -357,7 +357,8 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
                 x = a._x
                 ref = x.get("acc") if x is not None else None
                 gsrc = ref() if ref is not None else None
-                if gsrc is None:
+                if gsrc is None or gsrc.hooked:     # (a hooked one: see Tensor._gsrc)
+                    gsrc = None
                     gsrc = a._gsrc()
             if gsrc is not None:
                 requires = True
@@ -475,7 +476,8 @@ def _replay1(hit: tuple, name: str, a: Tensor, b: Tensor | None, depth: int) -> 
             x = a._x
             ref = x.get("acc") if x is not None else None
             ga = ref() if ref is not None else None
-            if ga is None:
+            if ga is None or ga.hooked:     # (a hooked one: see Tensor._gsrc)
+                ga = None
                 ga = a._gsrc()
         val = a._value
         ea = (a._var, ga, a._node if val is None else val)
@@ -488,7 +490,8 @@ def _replay1(hit: tuple, name: str, a: Tensor, b: Tensor | None, depth: int) -> 
                 x = b._x
                 ref = x.get("acc") if x is not None else None
                 gb = ref() if ref is not None else None
-                if gb is None:
+                if gb is None or gb.hooked:     # (a hooked one: see Tensor._gsrc)
+                    gb = None
                     gb = b._gsrc()
             val = b._value
             entries = (ea, (b._var, gb, b._node if val is None else val))
