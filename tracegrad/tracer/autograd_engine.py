@@ -126,12 +126,12 @@ def _fast_grad(outputs: Any, inputs: list, grad_outputs: Any, retain_graph: bool
     `backward()`'s one graph (fast_backward), the gradients collected instead of accumulated:
     {input position: gradient}; None where the general engine is needed. The one graph
     checks, runs and frees everything the output reaches, the engine only what leads to
-    `inputs`: so only a graph whose every leaf is an input (each with its own variable) is
-    taken, and a check failing on the way goes to the engine (the branch may be unneeded)."""
+    `inputs`: so only a graph whose every leaf is an input is taken (two leaves of one
+    variable are two: see autograd_exec._own_slot), and a check failing on the way goes to
+    the engine (the branch may be unneeded)."""
     if not inputs or grad_outputs is not None or create_graph or \
             type(outputs) is not Tensor or type(outputs._fn) is not Node or \
-            any(t._fn is not None for t in inputs) or \
-            len({t._var.id for t in inputs}) < len({id(t) for t in inputs}):
+            any(t._fn is not None for t in inputs):
         return None
     wanted = {id(t) for t in inputs}
 
@@ -318,12 +318,14 @@ class Engine:
         for pos in acc_targets.get(id(acc), ()):
             self.captured[pos] = g
         if self.accumulate and (self.inputs is None or id(acc) in acc_targets):
+            if acc.pre_hooks:
+                g = _accumulate_prehooks(acc, g)
             prev = leaf_grads.get(id(t))
             if prev is None:
                 leaf_grads[id(t)] = (t, g, (acc,))
             else:
-                leaf_grads[id(t)] = (t, prev[1] + g,
-                                     prev[2] if acc in prev[2] else prev[2] + (acc,))
+                total = prev[1] if g is None else g if prev[1] is None else prev[1] + g
+                leaf_grads[id(t)] = (t, total, prev[2] if acc in prev[2] else prev[2] + (acc,))
 
     def _finish(self, leaf_grads: dict, nodes: dict, needed: set) -> None:
         new = []
@@ -331,6 +333,8 @@ class Engine:
         mode.grad = self.create
         try:
             for t, g, _ in leaf_grads.values():
+                if g is None:   # dropped by an AccumulateGrad prehook
+                    continue
                 old = t._get("grad")
                 if old is None:
                     g = g if self.create else g._plain()
@@ -356,14 +360,38 @@ class Engine:
                         s.tensor = s.packed = None
         mode.state.clear_tape()   # (see autograd_exec.tape_walk)
         # last, as torch: after accumulating and freeing (a hook that raises leaves the graph
-        # as a finished backward does), called ((), (grad,)) and returning nothing
-        for _, g, accs in leaf_grads.values():
+        # as a finished backward does): per leaf its post-accumulate hooks, then those of its
+        # AccumulateGrad, called ((), (grad,)) and returning nothing
+        for t, g, accs in leaf_grads.values():
+            if t._get("post_accumulate"):
+                t._post_accumulate()
             for acc in accs:
                 if acc.post_hooks:
                     for fn in list(acc.post_hooks.values()):
                         r = fn((), (g,))
                         if r is not None:
                             _checked_tuple(fn, (), r)
+
+
+def _accumulate_prehooks(acc: AccumulateGrad, g: Tensor | None) -> Tensor | None:
+    """The gradient `acc` accumulates once its prehooks saw it: each is called with
+    `(gradient,)` and may return a tuple replacing it, as in torch (`(None,)`: none)."""
+    for fn in list(acc.pre_hooks.values()):
+        r = fn((g,))
+        if r is None:
+            continue
+        if type(r) is not tuple:
+            raise TypeError(f"expected tuple, but hook returned '{type(r).__name__}'")
+        if len(r) != 1:
+            raise RuntimeError(f"hook '{hook_name(fn)}' has returned an incorrect number of "
+                               f"values (got {len(r)}, but expected 1)")
+        if r[0] is None:
+            g = None
+        elif g is None:
+            raise RuntimeError("can't replace a None gradient with a non-None value")
+        else:
+            g = _checked(fn, g, r[0])
+    return g
 
 
 def _index(node: Any, var: Any) -> int:

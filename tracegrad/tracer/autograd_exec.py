@@ -16,7 +16,8 @@ import numpy as np
 from .. import ir
 from ..ir.core import Var
 from .autograd_compose import NoTemplate, Plan, compose, compose_graph
-from .autograd_graph import AccumulateGrad, Inplace, Node, check_saved, plain_extras
+from .autograd_graph import (AccumulateGrad, Inplace, Node, check_saved, plain_extras,
+                             rename_input)
 from ..config import config
 from . import executor
 from .executor import compile_graph
@@ -44,7 +45,7 @@ class Walk:
         self.in_vars: list[Var] = []
         self.in_vals: list[Any] = []
         self.in_gsrc: list[Any] = []
-        self.slots: dict[int, int] = {}
+        self.slots: dict[Any, int] = {}     # var id (or var id, leaf: see _own_slot) -> slot
         self.key: list | None = []
         self.leafs: list[Node] = []
         self.reaching: set[int] = set()
@@ -141,7 +142,15 @@ def _finish(w: Walk, n: Node, grad: bool, force: dict) -> None:
         if sub is None:
             if val is None:     # a leaf whose in-place update is pending
                 w.pending.append((var, vsrc))
-            k = w._input(var, val, gsrc if grad else None)
+            k = w.slots.get(var.id)
+            if grad and k is not None and gsrc is not None and w.in_gsrc[k] is not None \
+                    and w.in_gsrc[k] is not gsrc:
+                k = _own_slot(w, n, var, gsrc, val)
+                if k is None:
+                    raise Bail
+                k &= _WRT - 1
+            else:
+                k = w._input(var, val, gsrc if grad else None)
             refs.append(k)
             if grad and gsrc is None and var.id in w.reaching:
                 raise Bail
@@ -177,7 +186,7 @@ def _check_plain(n: Node) -> None:
 
 
 def _check_leaf(acc: AccumulateGrad) -> None:
-    if acc.post_hooks or acc.variable._get("hooks"):
+    if acc.post_hooks or acc.pre_hooks or acc.variable._get("hooks"):
         raise Bail
 
 
@@ -436,21 +445,30 @@ def _run_backward(entry: CachedGraph, roots: list, grads: list, in_vals: list, i
             prev = sums.get(id(leaf))
             sums[id(leaf)] = [leaf, g if prev is None else prev[1] + g]
         leaves, gs = [s[0] for s in sums.values()], [s[1] for s in sums.values()]
+    hooked = None
     for leaf, g in zip(leaves, gs, strict=True):
         if collect is not None:
             collect[id(leaf)] = g
             continue
         x = leaf._x
-        old = x.get("grad") if x is not None else None
+        if x is None:
+            leaf._x = {"grad": Tensor._leaf(g)}
+            continue
+        old = x.get("grad")
         if old is None:
-            leaf._extra()["grad"] = Tensor._leaf(g)
+            x["grad"] = Tensor._leaf(g)
         else:
             assign_(old, old._val() + g)
+        if x.get("post_accumulate"):
+            hooked = [leaf] if hooked is None else hooked + [leaf]
     if not retain:      # (nothing was packed: grad_walk and walk leave those to the engine)
         for n in order:
             if n.grad:
                 n.freed = True
     mode.state.clear_tape()
+    if hooked is not None:      # last, as the engine does
+        for leaf in hooked:
+            leaf._post_accumulate()
 
 
 # (tape key, root) -> (plan, where each input is found, which nodes the plan covers)
@@ -471,16 +489,16 @@ def tape_walk(tape: list, root: Any) -> tuple | None:
     refused where grad_walk's checks could come out otherwise: a node freed, without a
     signature, with a hook, retained grad or unpack hook; an input from a node not on the
     tape (recorded before it began) or not its first output; a no-grad use of a
-    differentiable value; a value read both with and without a gradient, or by two leaves
-    (which one grad_walk credits depends on its order); an in-place change since the first
-    node (so no saved value changed). Leaf hooks and pending values are checked when the
-    inputs are read (_tape_inputs)."""
+    differentiable value; a value read both with and without a gradient; an in-place change
+    since the first node (so no saved value changed). Two leaves of one variable get a slot
+    each, as grad_walk gives them (_own_slot). Leaf hooks and pending values are checked
+    when the inputs are read (_tape_inputs)."""
     if not tape or tape[0].epoch != Inplace.epoch:
         return None
     base = next(_bases) << 32    # numbers no other walk uses: marks of others never match
     key = []
     append = key.append
-    slots: dict[int, int] = {}
+    slots: dict[Any, int] = {}      # var id (or var id, leaf: see _own_slot) -> slot
     leaves: dict[int, Any] = {}     # gradient slot -> the AccumulateGrad its gradient goes to
     for i, n in enumerate(tape):
         sig = n.sig
@@ -507,9 +525,13 @@ def tape_walk(tape: list, root: Any) -> tuple | None:
                 if k is None:
                     k = slots[var.id] = len(slots) | _WRT
                     leaves[k] = gsrc
-                # two leaves of one variable (`a.data = b`, a detached alias written
-                # through): grad_walk credits the one it meets first from the root
-                if k >= _WRT and leaves[k] is gsrc:
+                if k >= _WRT:
+                    if leaves[k] is not gsrc:   # a second leaf of this variable: its own slot
+                        own = (var.id, id(gsrc))
+                        k = slots.get(own)
+                        if k is None:
+                            k = slots[own] = len(slots) | _WRT
+                            leaves[k] = gsrc
                     append(k)
                     continue
             return None
@@ -558,7 +580,8 @@ def _tape_inputs(tape: list, recipe: tuple) -> tuple[list, list, list] | None:
             vsrc = None if vals is None else vals.get(var.id)
             if vsrc is None:
                 return None
-        if gsrc is not None and (gsrc.post_hooks or gsrc.variable._get("hooks")):
+        if gsrc is not None and (gsrc.post_hooks or gsrc.pre_hooks or
+                                 gsrc.variable._get("hooks")):
             return None
         in_vals.append(vsrc)
         in_gsrc.append(gsrc)
@@ -626,7 +649,7 @@ def grad_walk(roots: list[Node]) -> Walk | None:
                         if vsrc is None:
                             return None     # computed without grad: the general walk
                 elif type(gsrc) is not AccumulateGrad or gsrc.post_hooks or \
-                        gsrc.variable._get("hooks"):
+                        gsrc.pre_hooks or gsrc.variable._get("hooks"):
                     return None
                 elif type(vsrc) is Node:
                     vsrc = _cached(vsrc, var)
@@ -638,8 +661,12 @@ def grad_walk(roots: list[Node]) -> Walk | None:
                 in_gsrc.append(gsrc)
                 append(k if gsrc is None else k | _WRT)
                 continue
-            if (gsrc is None) != (in_gsrc[k] is None):
-                raise Bail    # read both with and without a gradient
+            if gsrc is not in_gsrc[k]:
+                if gsrc is None or in_gsrc[k] is None:
+                    raise Bail    # read both with and without a gradient
+                k = _own_slot(w, n, var, gsrc, in_vals[k])
+                if k is None:
+                    return None
             append(k)
         if n.grad and n._saved and (n.freed or n.epoch != epoch):
             suspects = [n] if suspects is None else suspects + [n]
@@ -662,6 +689,29 @@ def grad_walk(roots: list[Node]) -> Walk | None:
 
 def _first_var_id(n: Node) -> int:
     return n.out_vars[0].id
+
+
+def _own_slot(w: Walk, n: Node, var: Var, acc: Any, val: Any) -> int | None:
+    """The input slot of leaf `acc` where node `n` reads `var`, a variable an earlier leaf of
+    the walk also reads (`a.data = b`, a detached alias written through): each leaf gets its
+    own gradient, so each gets its own slot, its value (`val`) read again as another input,
+    and `n` reads it through a variable of its own (renamed in `n`, so that the plan, built
+    from the nodes' variables, keeps the two apart; see autograd_graph.rename_input). Returns
+    the slot, with _WRT on its first use; None if the leaf needs the general engine."""
+    if type(acc) is not AccumulateGrad or acc.pre_hooks or acc.post_hooks or \
+            acc.variable._get("hooks"):
+        return None
+    key = (var.id, id(acc))
+    k = w.slots.get(key)
+    first = k is None
+    if first:
+        k = w.slots[key] = len(w.in_vars)
+        w.in_vars.append(Var(var.aval))
+        w.in_vals.append(val)
+        w.in_gsrc.append(acc)
+    if val is not None:     # (a pending value: the walk is made again once it is known)
+        rename_input(n, var, acc, w.in_vars[k], val)
+    return k | _WRT if first else k
 
 
 def _backward_graph(w: Walk, roots: list) -> CachedGraph:

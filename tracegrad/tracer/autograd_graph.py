@@ -284,6 +284,21 @@ def instantiate(tpl: tuple, entries: list, out_vars: list, source: str | None,
     return eqns
 
 
+def rename_input(node: Node, var: Var, gsrc: Any, new: Var, value: Any) -> None:
+    """Make `node` read its input `var` from `gsrc` as variable `new`, holding `value`: a
+    second leaf of one variable gets a variable of its own (see autograd_exec._own_slot)."""
+    args = list(node.args)
+    for j, (v, g, _) in enumerate(args):
+        if v is var and g is gsrc:
+            args[j] = (new, gsrc, value)
+    node.args = tuple(args)
+    eqns = node._eqns
+    if eqns is not None:    # (else made from the entries when asked for)
+        node._eqns = [e if all(a is not var for a in e.inputs) else
+                      Eqn(e.op, [new if a is var else a for a in e.inputs], e.outvars, e.params,
+                          e.source) for e in eqns]
+
+
 def _out_index(node: Node, var: Var) -> int:
     for i, v in enumerate(node.out_vars):
         if v is var:
@@ -359,12 +374,15 @@ _TYPE_NAMES = {"float32": "Float", "float64": "Double", "int64": "Long", "int32"
 
 
 class AccumulateGrad:
-    """The node a leaf tensor's gradient flows into; it adds the gradient to `.grad`."""
-    __slots__ = ("variable", "post_hooks", "__weakref__")
+    """The node a leaf tensor's gradient flows into; it adds the gradient to `.grad`. A
+    leaf's graphs share it while any of them (or the user) holds it (Tensor._gsrc)."""
+    __slots__ = ("variable", "pre_hooks", "post_hooks", "hooked", "__weakref__")
 
     def __init__(self, variable: Any):
         self.variable = variable
+        self.pre_hooks: dict | None = None
         self.post_hooks: dict | None = None
+        self.hooked = False     # some hook was registered on it
 
     def name(self) -> str:
         return "AccumulateGrad"
@@ -374,12 +392,19 @@ class AccumulateGrad:
     grad = True
 
     def register_hook(self, fn: Callable) -> RemovableHandle:
+        """`fn((), (grad,))` after the gradient `grad` of this backward was accumulated."""
         if self.post_hooks is None:
             self.post_hooks = {}
+        self.hooked = True
         return add_hook(self.post_hooks, fn)
 
     def register_prehook(self, fn: Callable) -> RemovableHandle:
-        return self.variable.register_hook(fn)
+        """`fn((grad,))` before `grad` (after the leaf's tensor hooks) is accumulated; it may
+        return a tuple replacing it (`(None,)`: nothing is accumulated)."""
+        if self.pre_hooks is None:
+            self.pre_hooks = {}
+        self.hooked = True
+        return add_hook(self.pre_hooks, fn)
 
     def __repr__(self) -> str:
         return f"<AccumulateGrad object at {hex(id(self))}>"

@@ -16,8 +16,8 @@ import numpy as np
 from ..ir.core import Aval, Var, is_float, remember
 from . import dispatch
 from .autograd_exec import realize
-from .autograd_graph import AccumulateGrad, Inplace, Node
-from .grad_mode import mode
+from .autograd_graph import AccumulateGrad, Inplace, Node, add_hook, hook_name
+from .grad_mode import mode, prune_tape
 
 _new = object.__new__
 _AVALS: dict = {}    # (shape, dtype) -> Aval, for leaves (making an Aval hashes it)
@@ -92,6 +92,13 @@ class Tensor:
             ref = x.get("acc")
             if ref is not None:
                 acc = ref()
+                if acc is not None and acc.hooked:
+                    # In torch it goes, with its hooks, once the user and the graphs using it
+                    # drop it; here the tape also holds the graphs dropped since the last
+                    # backward: prune those first (perhaps freeing it), then look again.
+                    acc = None
+                    prune_tape(mode.state)
+                    acc = ref()
                 if acc is not None:
                     return acc
         acc = AccumulateGrad(self)
@@ -201,6 +208,26 @@ class Tensor:
         if node.tensor_hooks is None:
             node.tensor_hooks = {}
         return add_hook(node.tensor_hooks.setdefault(self._var.id, {}), hook)
+
+    def register_post_accumulate_grad_hook(self, hook: Callable) -> Any:
+        """`hook(self)` runs after a backward accumulated into this leaf's `.grad` (not for
+        `autograd.grad`, which accumulates nothing); it returns None."""
+        if self._fn is not None:
+            raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf "
+                               "tensors")
+        if not self._rg:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require "
+                               "gradient")
+        return add_hook(self._extra().setdefault("post_accumulate", {}), hook)
+
+    def _post_accumulate(self) -> None:
+        """Run the hooks of register_post_accumulate_grad_hook (its `.grad` is written)."""
+        for fn in list(self._x["post_accumulate"].values()):
+            r = fn(self)
+            if r is not None:   # (torch: a RuntimeError for a Tensor, else a TypeError)
+                error = RuntimeError if isinstance(r, Tensor) else TypeError
+                raise error(f"Tensor post accumulate grad hooks should return None (hook "
+                            f"'{hook_name(fn)}' returned '{type(r).__name__}')")
 
     def backward(self, gradient: Any = None, retain_graph: bool | None = None,
                  create_graph: bool = False, inputs: Any = None) -> None:

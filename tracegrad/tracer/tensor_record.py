@@ -104,12 +104,12 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
         if len(args) == 2 and type(args[0]) is Tensor and type(args[1]) is Tensor:
             a, b = args     # the commonest case, keyed here directly (as _fast_key would)
             va, vb = a._var, b._var
-            if va is vb:
-                aval = va.aval
-                key, tensors = (fn, name, aval.shape, aval.dtype, 0), (a,)
-            else:
+            if va is not vb:
                 aa, ab = va.aval, vb.aval
                 key, tensors = (fn, name, aa.shape, aa.dtype, ab.shape, ab.dtype), args
+            elif _one_source(a, b):
+                aval = va.aval
+                key, tensors = (fn, name, aval.shape, aval.dtype, 0), (a,)
         else:
             fast = _fast_key(fn, name, args)
             if fast is not None:
@@ -124,17 +124,23 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
     b = _rec.builder
     grad_on = mode.state.grad and grad
     entries: list = []
-    seen: dict[int, Traced] = {}
+    seen: dict[tuple, Traced] = {}      # (var id, id(gradient source)) -> its IR value
+    read: set[int] = set()      # the var ids of entries
     desc: list = [fn]
 
     def un(a: Any, top: bool) -> Any:
         if isinstance(a, Tensor):
             var = a._var
-            tr = seen.get(var.id)
+            gsrc = a._gsrc() if grad_on else None
+            tr = seen.get((var.id, id(gsrc)))
             if tr is None:
-                entries.append((var, a._gsrc() if grad_on else None,
-                                a._value if a._value is not None else a._node))
-                tr = seen[var.id] = Traced(b, var)
+                val = a._value if a._value is not None else a._node
+                if var.id in read:  # a second leaf of this variable (`a.data = b`): its own
+                    var, val = Var(var.aval), a._val()    # (see autograd_exec._own_slot)
+                read.add(var.id)
+                entries.append((var, gsrc, val))
+                tr = seen[(a._var.id, id(gsrc))] = Traced(b, var)
+            var = tr.atom
             desc.append((var.id, var.aval.shape, var.aval.dtype))
             return tr
         if isinstance(a, np.ndarray):
@@ -170,6 +176,8 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
             kwargs2 = kwargs
     except _MixedTrace:
         return _concrete(fn, args, kwargs)
+    finally:    # `un` calls itself: a cycle, which held the entries (and their leaves'
+        un = None   # AccumulateGrads) until the garbage collector ran
     sig = tpl = None
     if cache and not deps and None not in desc:
         sig = _signature(desc)
@@ -274,6 +282,8 @@ def _fast_key(fn: Callable, name: str, args: tuple) -> tuple | None:
             v = a._var
             for i, t in enumerate(tensors):
                 if t._var is v:
+                    if not _one_source(t, a):
+                        return None
                     key.append(i)
                     break
             else:
@@ -318,6 +328,8 @@ def record_binary(fn: Callable, name: str, a: Any, b: Any, depth: int = 2) -> An
         va, vb = a._var, b._var
         aa = va.aval
         if va is vb:
+            if not _one_source(a, b):
+                return record(fn, name, (a, b), {})
             hit = _fast.get((fn, name, aa.shape, aa.dtype, 0))
             tensors = (a,)
         else:
@@ -345,7 +357,8 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
                 x = a._x
                 ref = x.get("acc") if x is not None else None
                 gsrc = ref() if ref is not None else None
-                if gsrc is None:
+                if gsrc is None or gsrc.hooked:     # (a hooked one: see Tensor._gsrc)
+                    gsrc = None
                     gsrc = a._gsrc()
             if gsrc is not None:
                 requires = True
@@ -463,7 +476,8 @@ def _replay1(hit: tuple, name: str, a: Tensor, b: Tensor | None, depth: int) -> 
             x = a._x
             ref = x.get("acc") if x is not None else None
             ga = ref() if ref is not None else None
-            if ga is None:
+            if ga is None or ga.hooked:     # (a hooked one: see Tensor._gsrc)
+                ga = None
                 ga = a._gsrc()
         val = a._value
         ea = (a._var, ga, a._node if val is None else val)
@@ -476,7 +490,8 @@ def _replay1(hit: tuple, name: str, a: Tensor, b: Tensor | None, depth: int) -> 
                 x = b._x
                 ref = x.get("acc") if x is not None else None
                 gb = ref() if ref is not None else None
-                if gb is None:
+                if gb is None or gb.hooked:     # (a hooked one: see Tensor._gsrc)
+                    gb = None
                     gb = b._gsrc()
             val = b._value
             entries = (ea, (b._var, gb, b._node if val is None else val))
@@ -642,6 +657,13 @@ def _own_var(b: Builder, o: Any, entries: list) -> Var | None:
     if any(e[0] is atom for e in entries) or any(v is atom for v in b.constvars):
         return b.emit("reshape", [atom], {"shape": atom.aval.shape})[0]
     return atom
+
+
+def _one_source(a: Tensor, b: Tensor) -> bool:
+    """Whether tensors `a` and `b` of one variable send gradients to one place, so an op
+    reading both reads one value (`x * x`). Two leaves can hold one variable (`a.data = b`, a
+    detached alias written through) and each gets its own gradient, as in torch."""
+    return a is b or a._fn is b._fn and (a._fn is not None or not (a._rg or b._rg))
 
 
 def _needs_grad(a: Any) -> bool:
