@@ -551,11 +551,13 @@ def _tape_recipe(tape: list, w: Walk, entry: CachedGraph) -> tuple:
     with the same key: (plan, per input (node position, entry index), node positions, or
     None for all of the tape, the common case: its nodes, in recording order, are the walk's
     order)."""
-    need = {v.id: k for k, v in enumerate(w.in_vars)}
+    # an input is its variable and where its gradient goes: two leaves of one variable are two
+    # inputs, and the tape may hold the other's uses first (a graph dropped, another alive)
+    need = {(v.id, id(g)): k for k, (v, g) in enumerate(zip(w.in_vars, w.in_gsrc))}
     slots: list = [None] * len(need)
     for i, n in enumerate(tape):
         for j, e in enumerate(n.args):
-            k = need.pop(e[0].id, None)
+            k = need.pop((e[0].id, id(e[1])), None)
             if k is not None:
                 slots[k] = (i, j)
         if not need:

@@ -376,13 +376,14 @@ _TYPE_NAMES = {"float32": "Float", "float64": "Double", "int64": "Long", "int32"
 class AccumulateGrad:
     """The node a leaf tensor's gradient flows into; it adds the gradient to `.grad`. A
     leaf's graphs share it while any of them (or the user) holds it (Tensor._gsrc)."""
-    __slots__ = ("variable", "pre_hooks", "post_hooks", "hooked", "__weakref__")
+    __slots__ = ("variable", "pre_hooks", "post_hooks", "hooked", "checked", "__weakref__")
 
     def __init__(self, variable: Any):
         self.variable = variable
         self.pre_hooks: dict | None = None
         self.post_hooks: dict | None = None
         self.hooked = False     # some hook was registered on it
+        self.checked = -1       # the tape it was last found alive on (see Tensor._gsrc)
 
     def name(self) -> str:
         return "AccumulateGrad"

@@ -4,6 +4,7 @@ the tape of nodes recorded since the last backward."""
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 import threading
 from typing import Any, Callable
@@ -16,7 +17,7 @@ class ThreadMode:
     """One thread's modes in plain slots. Recording reads several of them on every op, and
     each attribute of a thread-local costs a lookup of the thread's dict: recording reads
     `mode.state` once and then these."""
-    __slots__ = ("grad", "inference", "saved_hooks", "tape", "tape_room")
+    __slots__ = ("grad", "inference", "saved_hooks", "tape", "tape_room", "tape_gen")
 
     def __init__(self) -> None:
         self.grad = True          # record autograd graphs
@@ -26,11 +27,16 @@ class ThreadMode:
         # (see autograd_exec.tape_walk), pruned when longer than tape_room (prune_tape).
         self.tape: list = []
         self.tape_room = TAPE_ROOM
+        self.tape_gen = next(_tape_gens)     # which tape this is (see Tensor._gsrc)
 
     def clear_tape(self) -> None:
         """Start the tape again: a backward ran (see autograd_exec.tape_walk)."""
         self.tape.clear()
         self.tape_room = TAPE_ROOM
+        self.tape_gen = next(_tape_gens)
+
+
+_tape_gens = itertools.count()      # numbers tapes across threads: none is handed out twice
 
 
 def prune_tape(st: ThreadMode) -> None:

@@ -95,10 +95,17 @@ class Tensor:
                 if acc is not None and acc.hooked:
                     # In torch it goes, with its hooks, once the user and the graphs using it
                     # drop it; here the tape also holds the graphs dropped since the last
-                    # backward: prune those first (perhaps freeing it), then look again.
-                    acc = None
-                    prune_tape(mode.state)
-                    acc = ref()
+                    # backward: prune those first (perhaps freeing it), then look again. Once
+                    # per tape: a leaf read at every step of a long loop would prune the whole
+                    # tape each time. (So one dropped later on this tape is kept till the
+                    # next backward.)
+                    st = mode.state
+                    if acc.checked != st.tape_gen:
+                        acc = None
+                        prune_tape(st)
+                        acc = ref()
+                        if acc is not None:
+                            acc.checked = st.tape_gen
                 if acc is not None:
                     return acc
         acc = AccumulateGrad(self)
@@ -264,6 +271,11 @@ class Tensor:
     @data.setter
     def data(self, value: Tensor) -> None:
         value = value if isinstance(value, Tensor) else Tensor._leaf(np.asarray(value))
+        if value._fn is not None:
+            # a result in a graph: its data, not its variable (this tensor is no output of that
+            # graph's node; sharing the variable sent this one's gradient into the graph)
+            self._var, self._value, self._node = Var(value._var.aval), value._val(), None
+            return
         self._var, self._value, self._node = value._var, value._value, value._node
 
     def is_inference(self) -> bool:
