@@ -349,3 +349,16 @@ def test_a_hooked_leaf_prunes_the_tape_once_per_tape(monkeypatch):
         h.sum().backward()
         assert len(calls) == 1 and len(log) == 1
         log.clear()
+
+
+def test_a_value_an_inplace_op_replaced_stays_valid_after_later_inplace_ops(lib):
+    """`C.mul_(A)` keeps the C it replaced (torch: a copy, original_self); a later `C.add_`
+    does not invalidate it — tracegrad raised 'modified by an inplace operation' (review)."""
+    A = leaf(lib, [0.5, -1.0, 2.0])
+    C = A * 1.0
+    C.mul_(A)
+    node = C.grad_fn
+    C.add_(1.0)
+    assert node._saved_self.detach().numpy().tolist() == [0.5, -1.0, 2.0]
+    C.sum().backward()
+    assert grad_of(A) == [1.0, -2.0, 4.0]

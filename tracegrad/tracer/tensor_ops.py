@@ -316,6 +316,7 @@ def assign(self: Tensor, new: Tensor) -> Tensor:
                                f"type {self.dtype}")
     prev = self._node if self._value is None else None
     own = new._fn if new._fn is not None and new._fn.saved else None
+    old = (self._var, self._value, self._node)
     self._var, self._value, self._node = new._var, new._value, new._node
     if new._fn is not None:
         self._fn = new._fn
@@ -326,7 +327,14 @@ def assign(self: Tensor, new: Tensor) -> Tensor:
     if own is not None:     # the op read the value it replaced: that is not a later change
         for s in own.saved:
             if s.vc is self._vc:
-                s.version = self._vc[0]
+                if s.slot == 0:
+                    # the value replaced, as torch keeps it (a copy: original_self): later
+                    # in-place changes of this tensor leave it valid (C.mul_(A); C.add_(1))
+                    s.vc, s.version = [0], 0
+                    if s.tensor is self:
+                        s.tensor = _snapshot(*old)
+                else:
+                    s.version = self._vc[0]
     base = self._get("base")
     if base is not None:
         prev = base._node if base._value is None else None
@@ -334,6 +342,13 @@ def assign(self: Tensor, new: Tensor) -> Tensor:
         if base._fn is None and base._value is None:
             _chain(base, prev)
     return self
+
+
+def _snapshot(var: Any, value: Any, node: Any) -> Tensor:
+    """A tensor of a value an in-place op replaced (its variable, known value or node)."""
+    if value is not None:
+        return Tensor._leaf(value)
+    return Tensor._from_var(var, node, None)
 
 
 def _chain(leaf: Tensor, prev: Node | None) -> None:
