@@ -362,3 +362,17 @@ def test_a_value_an_inplace_op_replaced_stays_valid_after_later_inplace_ops(lib)
     assert node._saved_self.detach().numpy().tolist() == [0.5, -1.0, 2.0]
     C.sum().backward()
     assert grad_of(A) == [1.0, -2.0, 4.0]
+
+
+@pytest.mark.parametrize("read", [False, True])
+def test_a_detached_alias_written_through_with_a_gradient_keeps_its_history(lib, read):
+    """d = c.detach(); d.add_(x): c's value is now pending on d's Add node, which is also in
+    x's graph; reading a value released that node as a mere leaf update, and x got no
+    gradient (review)."""
+    c, x = leaf(lib, [1, 2, 3]), leaf(lib, [1, 1, 2])
+    d = c.detach()
+    d.add_(x)
+    if read:
+        d.tolist()
+    (c * d).sum().backward()
+    assert grad_of(c) == [2, 3, 5] and grad_of(x) == [2, 3, 5]

@@ -341,8 +341,9 @@ def realize_vars(targets: list[tuple[Var, Node]]) -> None:
         if n.values is None:
             n.values = {}
         n.values[v.id] = val
-    for n in w.leafs:
-        release(n)
+    for n in w.leafs:     # (a node a leaf's value is pending on may also be in a graph: a
+        if not n.grad:    # detached alias written through, d.add_(x); it keeps its history)
+            release(n)
     for _, n in targets:
         if not n.grad:
             release(n)
