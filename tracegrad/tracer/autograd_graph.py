@@ -158,7 +158,7 @@ def plain_extras(x: _Extras) -> bool:
 class Node:
     """One recorded Tensor op. When it requires grad it is the `grad_fn` of its outputs."""
     __slots__ = ("_eqns", "tpl", "src", "args", "out_vars", "values", "name_", "grad",
-                 "_saved", "freed", "sig", "epoch", "x", "w", "__weakref__")
+                 "_saved", "freed", "sig", "epoch", "x", "w", "tp", "__weakref__")
 
     def __init__(self, eqns: list | None, args: list, out_vars: list, grad: bool,
                  name: str = "", tpl: tuple | None = None, src: str | None = None):
@@ -176,6 +176,7 @@ class Node:
         self.epoch = Inplace.epoch
         self.x: _Extras | None = None
         self.w = -1     # a mark of the last walk that numbered it (autograd_exec)
+        # (tp: its reference in the key of the last tape_walk that marked it, set with w)
 
     @property
     def saved(self) -> list[SavedTensor] | None:
