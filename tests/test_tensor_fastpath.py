@@ -100,6 +100,22 @@ def test_saved_tensors_are_kept_at_their_version_when_recorded():
         c.sum().backward()
 
 
+def test_saved_attributes_are_properties_not_a_node_getattr():
+    """A class with __getattr__ has every attribute read take CPython's slow, unspecialised
+    path, and the walks and the backward read nodes' attributes many times per node."""
+    from tracegrad.tracer.autograd_graph import SAVED_NAMES, Node
+    assert "__getattr__" not in vars(Node)
+    for names in SAVED_NAMES.values():
+        for what in names:
+            assert isinstance(vars(Node).get(f"_saved_{what}"), property)
+    m = tg.tensor([[1.0, 2.0]], requires_grad=True)
+    w = tg.tensor([[3.0], [4.0]], requires_grad=True)
+    node = (m @ w).grad_fn
+    assert node._saved_self is m and node._saved_mat2 is w
+    with pytest.raises(AttributeError, match="MmBackward0.*_saved_result"):
+        _ = node._saved_result
+
+
 def test_an_inplace_op_reading_the_value_it_replaces_is_no_later_change():
     a = tg.tensor([1.0, 2.0], requires_grad=True)
     b = a * 1

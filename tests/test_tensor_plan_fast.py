@@ -38,6 +38,32 @@ def test_functions_with_keywords_subclasses_and_traced_values_take_the_general_p
     np.testing.assert_allclose(g, 1 - np.tanh([0.0, 1.0]) ** 2, rtol=1e-6)
 
 
+def test_tensors_inside_a_trace_on_another_thread_are_values_of_that_trace():
+    """The recording fast paths read the trace stack from the thread's modes (one lookup
+    less per op): it must be that thread's own stack, so a trace there is seen and the ops
+    are the trace's, not nodes of the thread's tape."""
+    import threading
+
+    from tracegrad.ir import builder
+    from tracegrad.tracer.grad_mode import mode
+    a = tg.tensor([[1.0, 2.0]], requires_grad=True)
+    b = tg.tensor([[3.0], [4.0]], requires_grad=True)
+    a @ b, tg.tanh(a), a * a, a + a     # seen before: the fast paths
+    out = {}
+
+    def work():
+        out["same"] = mode.state.traces is builder._state.stack
+        f = tg.jit(lambda v: tg.tanh(a @ b) * v + (a * a).sum() + tg.tanh(a).sum())
+        out["y"] = f(np.float32(2.0))
+        out["recorded"] = len(mode.state.tape)
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert out["same"] and out["recorded"] == 0
+    want = np.tanh(11.0) * 2.0 + 5.0 + np.tanh([1.0, 2.0]).sum()
+    np.testing.assert_allclose(out["y"], [[want]], rtol=1e-6)
+
+
 def test_a_function_of_an_inference_tensor_stays_inference():
     with tg.inference_mode():
         y = tg.tanh(tg.ones(2))

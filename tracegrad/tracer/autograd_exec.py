@@ -496,51 +496,54 @@ def tape_walk(tape: list, root: Any) -> tuple | None:
     when the inputs are read (_tape_inputs)."""
     if not tape or tape[0].epoch != Inplace.epoch:
         return None
-    base = next(_bases) << 32    # numbers no other walk uses: marks of others never match
+    # Each node of the tape gets `w` = this walk's mark (no other walk's mark or number is
+    # equal: they are other bases, plus positions) and `tp` = its reference in the key,
+    # -1 - position, read only where `w` is the mark: no arithmetic on marks per input.
+    mark = next(_bases) << 32
     key = []
     append = key.append
-    slots: dict[Any, int] = {}      # var id (or var id, leaf: see _own_slot) -> slot
-    leaves: dict[int, Any] = {}     # gradient slot -> the AccumulateGrad its gradient goes to
+    # var id -> (slot, the AccumulateGrad it goes to, or None); (var id, id(leaf)) -> the same
+    # for a second leaf of one variable (see below)
+    slots: dict[Any, tuple] = {}
     for i, n in enumerate(tape):
         sig = n.sig
         if sig is None or n.freed or n.x is not None and not plain_extras(n.x):
             return None
-        n.w = base + i
+        n.w = mark
+        n.tp = -1 - i
         append(sig)
         for var, gsrc, vsrc in n.args:
             if type(gsrc) is Node:
-                r = gsrc.w - base
-                if 0 <= r < i and gsrc.out_vars[0] is var:
-                    append(-1 - r)
+                if gsrc.w == mark and gsrc.out_vars[0] is var:
+                    append(gsrc.tp)     # (an earlier node: marked before this one)
                     continue
-            elif gsrc is None:
-                if type(vsrc) is not Node or not vsrc.grad:
-                    k = slots.get(var.id)
-                    if k is None:
-                        k = slots[var.id] = len(slots)
-                    if k < _WRT:
-                        append(k)
-                        continue
-            elif type(gsrc) is AccumulateGrad:
-                k = slots.get(var.id)
-                if k is None:
-                    k = slots[var.id] = len(slots) | _WRT
-                    leaves[k] = gsrc
-                if k >= _WRT:
-                    if leaves[k] is not gsrc:   # a second leaf of this variable: its own slot
-                        own = (var.id, id(gsrc))
-                        k = slots.get(own)
-                        if k is None:
-                            k = slots[own] = len(slots) | _WRT
-                            leaves[k] = gsrc
-                    append(k)
-                    continue
-            return None
+                return None
+            if gsrc is None:
+                if type(vsrc) is Node and vsrc.grad:
+                    return None     # a no-grad use of a differentiable value
+            elif type(gsrc) is not AccumulateGrad:
+                return None
+            seen = slots.get(var.id)
+            if seen is None:
+                k = len(slots) if gsrc is None else len(slots) | _WRT
+                slots[var.id] = (k, gsrc)
+                append(k)
+            elif seen[1] is gsrc:
+                append(seen[0])
+            elif gsrc is not None and seen[1] is not None:
+                # a second leaf of this variable (`a.data = b`, a detached alias written
+                # through): a slot of its own, as grad_walk gives it (_own_slot)
+                own = (var.id, id(gsrc))
+                seen = slots.get(own)
+                if seen is None:
+                    seen = slots[own] = (len(slots) | _WRT, gsrc)
+                append(seen[0])
+            else:
+                return None     # read with and without a gradient
     n = root._fn
-    r = n.w - base
-    if not 0 <= r < len(tape) or n.out_vars[0] is not root._var:
+    if n.w != mark or n.out_vars[0] is not root._var:
         return None
-    append(-1 - r)
+    append(n.tp)
     return tuple(key)
 
 

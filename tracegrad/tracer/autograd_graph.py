@@ -158,7 +158,7 @@ def plain_extras(x: _Extras) -> bool:
 class Node:
     """One recorded Tensor op. When it requires grad it is the `grad_fn` of its outputs."""
     __slots__ = ("_eqns", "tpl", "src", "args", "out_vars", "values", "name_", "grad",
-                 "_saved", "freed", "sig", "epoch", "x", "w", "__weakref__")
+                 "_saved", "freed", "sig", "epoch", "x", "w", "tp", "__weakref__")
 
     def __init__(self, eqns: list | None, args: list, out_vars: list, grad: bool,
                  name: str = "", tpl: tuple | None = None, src: str | None = None):
@@ -176,6 +176,7 @@ class Node:
         self.epoch = Inplace.epoch
         self.x: _Extras | None = None
         self.w = -1     # a mark of the last walk that numbered it (autograd_exec)
+        # (tp: its reference in the key of the last tape_walk that marked it, set with w)
 
     @property
     def saved(self) -> list[SavedTensor] | None:
@@ -249,11 +250,6 @@ class Node:
         if self.pre_hooks is None:
             self.pre_hooks = {}
         return add_hook(self.pre_hooks, fn)
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("_saved_"):
-            return saved_attribute(self, attr[len("_saved_"):])
-        raise AttributeError(f"'{self.name_}' object has no attribute '{attr}'")
 
     def __repr__(self) -> str:
         return f"<{self.name_} object at {hex(id(self))}>"
@@ -345,6 +341,17 @@ SAVED_NAMES = {
     "Prod": {"self": 0, "result": "result"}, "Log1P": {"self": 0}, "Erf": {"self": 0},
     "Softmax": {"result": "result"}, "LogSoftmax": {"result": "result"},
 }
+
+
+def _saved_property(what: str) -> property:
+    return property(lambda node: saved_attribute(node, what))
+
+
+# `grad_fn._saved_self` & co. are properties, not a Node.__getattr__: a class with __getattr__
+# has every attribute read go the slow way (CPython does not specialise its loads), and the
+# walks and the backward read nodes' attributes many times per node.
+for _what in sorted({what for names in SAVED_NAMES.values() for what in names}):
+    setattr(Node, f"_saved_{_what}", _saved_property(_what))
 
 
 def check_saved(n: Node) -> None:

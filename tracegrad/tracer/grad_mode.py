@@ -9,6 +9,8 @@ import sys
 import threading
 from typing import Any, Callable
 
+from ..ir.builder import _state as _trace_state
+
 
 TAPE_ROOM = 256     # the tape's first pruning point (see prune_tape)
 
@@ -17,9 +19,13 @@ class ThreadMode:
     """One thread's modes in plain slots. Recording reads several of them on every op, and
     each attribute of a thread-local costs a lookup of the thread's dict: recording reads
     `mode.state` once and then these."""
-    __slots__ = ("grad", "inference", "saved_hooks", "tape", "tape_room", "tape_gen")
+    __slots__ = ("grad", "inference", "saved_hooks", "tape", "tape_room", "tape_gen",
+                 "traces")
 
     def __init__(self) -> None:
+        # This thread's stack of traces being recorded (ir.builder's, the same list): the op
+        # recording fast paths read it here, one thread-local lookup less per op.
+        self.traces: list = _trace_state.stack
         self.grad = True          # record autograd graphs
         self.inference = False    # inference mode: no graphs, results are inference tensors
         self.saved_hooks: list[tuple[Callable, Callable]] = []

@@ -239,10 +239,10 @@ class Tensor:
     def backward(self, gradient: Any = None, retain_graph: bool | None = None,
                  create_graph: bool = False, inputs: Any = None) -> None:
         """Accumulate d(self)/d(leaf) (times `gradient` for non-scalars) into leaves' .grad."""
-        from .autograd_engine import backward
-        backward(self if gradient is None else [self],
-                 None if gradient is None else [gradient], retain_graph, create_graph,
-                 inputs=inputs)
+        engine = _engine or _bind_engine()
+        engine.backward(self if gradient is None else [self],
+                        None if gradient is None else [gradient], retain_graph, create_graph,
+                        inputs=inputs)
 
     def detach(self) -> Tensor:
         """A tensor with the same value, cut from the graph (sharing the version counter;
@@ -370,6 +370,15 @@ class Tensor:
 
 
 from .tensor_record import record, record_binary, record_unary  # noqa: E402, I001
+
+_engine: Any = None     # autograd_engine, which imports this module: bound at the first backward
+
+
+def _bind_engine() -> Any:
+    """autograd_engine, imported once (an import statement costs ~10K instructions a call)."""
+    global _engine
+    from . import autograd_engine as _engine
+    return _engine
 
 dispatch.register_tensor_type(Tensor, record_unary)
 

@@ -17,7 +17,7 @@ from ..ir.builder import _CODE_SITES, Builder, Traced, user_source
 from ..ir.builder import _state as _trace_state
 from ..ir.core import Aval, Lit, Var
 from .autograd_graph import SAVED, Inplace, Node, SavedTensor
-from .grad_mode import mode, prune_tape
+from .grad_mode import ThreadMode, mode, prune_tape
 from .tensor import Tensor
 
 _new = object.__new__
@@ -311,12 +311,13 @@ def record_unary(fn: Callable, name: str, a: Tensor, depth: int = 2) -> Any:
     """`record(fn, name, (a,), {})` for a Tensor `a`: an op seen before is replayed at once.
     `depth`: how many frames above this one the user's code may start (2: the caller of the
     method that called this)."""
-    if not _trace_state.stack:
+    st = mode.state
+    if not st.traces:
         aval = a._var.aval
         hit = _fast.get((fn, name, aval.shape, aval.dtype))
         if hit is not None:
             if hit[3] is not None:
-                return _replay1(hit, name, a, None, depth + 1)
+                return _replay1(hit, name, a, None, depth + 1, st)
             return _replay(hit, name, (a,), (a,), True, depth + 2)
     return record(fn, name, (a,), {})
 
@@ -324,22 +325,24 @@ def record_unary(fn: Callable, name: str, a: Tensor, depth: int = 2) -> Any:
 def record_binary(fn: Callable, name: str, a: Any, b: Any, depth: int = 2) -> Any:
     """`record(fn, name, (a, b), {})`, with the commonest case — two Tensors, an op seen
     before — replayed at once."""
-    if type(a) is Tensor and type(b) is Tensor and not _trace_state.stack:
-        va, vb = a._var, b._var
-        aa = va.aval
-        if va is vb:
-            if not _one_source(a, b):
-                return record(fn, name, (a, b), {})
-            hit = _fast.get((fn, name, aa.shape, aa.dtype, 0))
-            tensors = (a,)
-        else:
-            ab = vb.aval
-            hit = _fast.get((fn, name, aa.shape, aa.dtype, ab.shape, ab.dtype))
-            tensors = (a, b)
-        if hit is not None:
-            if hit[3] is not None:
-                return _replay1(hit, name, a, b, depth + 1)
-            return _replay(hit, name, (a, b), tensors, True, depth + 2)
+    if type(a) is Tensor and type(b) is Tensor:
+        st = mode.state
+        if not st.traces:
+            va, vb = a._var, b._var
+            aa = va.aval
+            if va is vb:
+                if not _one_source(a, b):
+                    return record(fn, name, (a, b), {})
+                hit = _fast.get((fn, name, aa.shape, aa.dtype, 0))
+                tensors = (a,)
+            else:
+                ab = vb.aval
+                hit = _fast.get((fn, name, aa.shape, aa.dtype, ab.shape, ab.dtype))
+                tensors = (a, b)
+            if hit is not None:
+                if hit[3] is not None:
+                    return _replay1(hit, name, a, b, depth + 1, st)
+                return _replay(hit, name, (a, b), tensors, True, depth + 2)
     return record(fn, name, (a, b), {})
 
 
@@ -449,13 +452,15 @@ def binary_methods(fn: Callable, name: str) -> tuple[Callable, Callable]:
     fast = _fast
 
     def op(a: Tensor, b: Any) -> Any:
-        if type(b) is Tensor and type(a) is Tensor and not _trace_state.stack:
+        if type(b) is Tensor and type(a) is Tensor:
             va, vb = a._var, b._var
             if va is not vb:
-                aa, ab = va.aval, vb.aval
-                hit = fast.get((fn, name, aa.shape, aa.dtype, ab.shape, ab.dtype))
-                if hit is not None and hit[3] is not None:
-                    return _replay1(hit, name, a, b, 2)
+                st = mode.state
+                if not st.traces:
+                    aa, ab = va.aval, vb.aval
+                    hit = fast.get((fn, name, aa.shape, aa.dtype, ab.shape, ab.dtype))
+                    if hit is not None and hit[3] is not None:
+                        return _replay1(hit, name, a, b, 2, st)
         return record_binary(fn, name, a, b)
 
     def rop(b: Tensor, a: Any) -> Any:
@@ -463,13 +468,13 @@ def binary_methods(fn: Callable, name: str) -> tuple[Callable, Callable]:
     return op, rop
 
 
-def _replay1(hit: tuple, name: str, a: Tensor, b: Tensor | None, depth: int) -> Tensor:
+def _replay1(hit: tuple, name: str, a: Tensor, b: Tensor | None, depth: int,
+             st: ThreadMode) -> Tensor:
     """`_replay` of an op with one output and Tensor arguments `a` and `b` (None: a unary
     op), the common case, written out: its variable, node and tensor are made here directly,
     and a differentiable node goes on this thread's tape (see autograd_exec.tape_walk). The user's
-    line is looked for from `depth` frames above this function."""
+    line is looked for from `depth` frames above this function. `st`: this thread's modes."""
     tpl, gname, saves, aval, float_out, sig = hit
-    st = mode.state
     if st.grad:
         ga = a._fn
         if ga is None and a._rg:    # a leaf: its AccumulateGrad, while it lives (as _gsrc)
