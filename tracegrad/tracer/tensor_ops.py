@@ -128,12 +128,16 @@ def _with_alpha(fn: Any, name: str) -> Any:
 
 def _functional(name: str, stem: str) -> Any:
     def m(self: Tensor, *args: Any, **kwargs: Any) -> Any:
-        from ..nn import functional as F     # nn sits above the tracer: import when used
-        return record(_r(getattr(F, name)), stem, (self,) + args, kwargs)
+        fn = _nn_fns.get(name)
+        if fn is None:      # nn sits above the tracer: imported when first used (an import
+            from ..nn import functional as F    # statement costs ~3 us a call)
+            fn = _nn_fns[name] = _r(getattr(F, name))
+        return record(fn, stem, (self,) + args, kwargs)
     m.__name__ = name
     return m
 
 
+_nn_fns: dict[str, Any] = {}      # name -> tg.nn.functional's function, undispatched
 Tensor.softmax = _functional("softmax", "Softmax")
 Tensor.log_softmax = _functional("log_softmax", "LogSoftmax")
 Tensor.add = _with_alpha(tnp.add, "Add")
