@@ -28,3 +28,36 @@ def test_base_assignment_and_clones_still_work():
     c.mul_(3.0)
     (b.sum() + c.sum()).backward()
     assert a.grad.tolist() == [2.0, 8.0, 8.0]
+
+
+def _lib(name):
+    return tg if name == "tracegrad" else pytest.importorskip(name)
+
+
+@pytest.mark.parametrize("name", ["tracegrad", "torch"])
+def test_inplace_ops_keep_the_value_they_replaced_through_saved_tensor_hooks(name):
+    """A pack hook returning the tensor it is given (t.cpu(), the identity here) saw the
+    tensor an in-place op then changed: y.grad came out as the new c, [1, 3, 6] (review)."""
+    import numpy as np
+    lib = _lib(name)
+    x = lib.tensor(np.array([0.5, 1.0, 1.5], np.float32), requires_grad=True)
+    y = lib.tensor(np.array([2.0, 3.0, 4.0], np.float32), requires_grad=True)
+    with lib.autograd.graph.saved_tensors_hooks(lambda t: t.cpu(), lambda t: t):
+        c = x * 1
+        c.mul_(y)
+    c.sum().backward()
+    assert y.grad.tolist() == [0.5, 1.0, 1.5] and x.grad.tolist() == [2.0, 3.0, 4.0]
+
+
+@pytest.mark.parametrize("name", ["tracegrad", "torch"])
+def test_an_inplace_op_promoting_its_operand_keeps_the_value_it_replaced(name):
+    """f32 c.mul_(f64 y): the product is cast back to c's dtype; the op's saved c (not the
+    cast's) is the value replaced — backward raised 'modified by an inplace operation'."""
+    import numpy as np
+    lib = _lib(name)
+    x = lib.tensor(np.array([0.5, 1.0], np.float32), requires_grad=True)
+    y = lib.tensor(np.array([2.0, 4.0], np.float64), requires_grad=True)
+    c = x * 1
+    c.mul_(y)
+    c.sum().backward()
+    assert y.grad.tolist() == [0.5, 1.0] and x.grad.tolist() == [2.0, 4.0]

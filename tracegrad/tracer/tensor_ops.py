@@ -312,6 +312,8 @@ def assign(self: Tensor, new: Tensor) -> Tensor:
     if new.shape != self.shape:
         raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast "
                            f"shape {list(new.shape)}")
+    # the op's node (before a cast to self's dtype): what it saved of self is the value replaced
+    own = new._fn if new._fn is not None and new._fn.saved else None
     if new.dtype != self.dtype:
         if np.can_cast(new.dtype, self.dtype, "same_kind"):
             new = record(_r(tnp.astype), "ToCopy", (new, self.dtype), {})
@@ -319,7 +321,6 @@ def assign(self: Tensor, new: Tensor) -> Tensor:
             raise RuntimeError(f"result type {new.dtype} can't be cast to the desired output "
                                f"type {self.dtype}")
     prev = self._node if self._value is None else None
-    own = new._fn if new._fn is not None and new._fn.saved else None
     old = (self._var, self._value, self._node)
     self._var, self._value, self._node = new._var, new._value, new._node
     if new._fn is not None:
@@ -333,10 +334,15 @@ def assign(self: Tensor, new: Tensor) -> Tensor:
             if s.vc is self._vc:
                 if s.slot == 0:
                     # the value replaced, as torch keeps it (a copy: original_self): later
-                    # in-place changes of this tensor leave it valid (C.mul_(A); C.add_(1))
+                    # in-place changes of this tensor leave it valid (C.mul_(A); C.add_(1)),
+                    # also what a saved_tensors_hooks pack returned as it was (t.cpu(), t)
                     s.vc, s.version = [0], 0
-                    if s.tensor is self:
-                        s.tensor = _snapshot(*old)
+                    if s.tensor is self or s.packed is self:
+                        snap = _snapshot(*old)
+                        if s.tensor is self:
+                            s.tensor = snap
+                        if s.packed is self:
+                            s.packed = snap
                 else:
                     s.version = self._vc[0]
     base = self._get("base")
