@@ -61,3 +61,21 @@ def test_an_inplace_op_promoting_its_operand_keeps_the_value_it_replaced(name):
     c.mul_(y)
     c.sum().backward()
     assert y.grad.tolist() == [0.5, 1.0] and x.grad.tolist() == [2.0, 4.0]
+
+
+@pytest.mark.parametrize("name", ["tracegrad", "torch"])
+def test_data_has_a_version_counter_of_its_own(name):
+    """`.data` (unlike detach()) does not share the version counter, as in torch: an in-place
+    change through it writes through, raises nothing at backward, and leaves W's version.
+    (The gradient is the recorded graph's: torch's backward would read the new value.)"""
+    import numpy as np
+    lib = _lib(name)
+    W = lib.tensor(np.array([1.0, 2.0, 3.0], np.float32), requires_grad=True)
+    z = W * W
+    d = W.data
+    d.add_(1.0)
+    assert W.detach().numpy().tolist() == [2.0, 3.0, 4.0]
+    assert W._version == 0 if name == "torch" else W._vc[0] == 0
+    z.sum().backward()      # no "modified by an inplace operation"
+    assert W.grad is not None
+    assert W.detach().clone().add_(1).tolist() == [3.0, 4.0, 5.0]

@@ -266,7 +266,12 @@ class Tensor:
 
     @property
     def data(self) -> Tensor:
-        return self.detach()
+        """detach()'s tensor with a version counter of its own, as torch's `.data`: in-place
+        changes through it (an old-style `W.data.add_(-lr * g)`) write through but are not
+        seen by autograd's checks (the recorded graph keeps the values it read)."""
+        t = self.detach()
+        t._vc = [0]
+        return t
 
     @data.setter
     def data(self, value: Tensor) -> None:
