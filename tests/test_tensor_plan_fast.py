@@ -216,3 +216,40 @@ def test_mixed_dtypes_in_a_loop_keep_their_types():
             h = tg.tanh(h @ W + (xs[t] @ U).astype(np.float64))
         (h * h).sum().backward()
         assert W.grad.dtype == np.float64 and U.grad.dtype == np.float32
+
+
+def test_composing_a_plan_pauses_the_collector_and_restores_it(monkeypatch):
+    """The cyclic collector is paused while a new graph's plan is composed (it made many
+    small collections there), and left as it was: on, off (the user's choice), or after the
+    composer raised."""
+    import gc
+    seen = []
+    real = autograd_exec.compose
+
+    def spy(*args):
+        seen.append(gc.isenabled())
+        return real(*args)
+    monkeypatch.setattr(autograd_exec, "compose", spy)
+
+    def new_graph(n):
+        w = tg.tensor(np.ones((2, 2), np.float32), requires_grad=True)
+        h = tg.ones(1, 2)
+        for _ in range(n):
+            h = (h @ w).tanh()
+        h.sum().backward()
+    assert gc.isenabled()
+    new_graph(3)
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        new_graph(4)
+        assert seen == [False, False] and not gc.isenabled()
+    finally:
+        gc.enable()
+
+    def boom(*args):
+        raise RuntimeError("composer failed")
+    monkeypatch.setattr(autograd_exec, "compose", boom)
+    with pytest.raises(RuntimeError, match="composer failed"):
+        new_graph(5)
+    assert gc.isenabled()
