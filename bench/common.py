@@ -57,6 +57,24 @@ def median_time(fn: Callable[[], object], reps: int, warmup: int = 2,
     return statistics.median(times)
 
 
+def interleaved(fns: dict, reps: int, rounds: int = 10, warmup: int = 3) -> dict[str, float]:
+    """Median seconds of each function, timed in alternating blocks of about reps/rounds
+    calls (after `warmup` calls per block), so that all of them see the same machine load:
+    on a shared 2-core VM, load that comes and goes between two back-to-back medians moved
+    the tracegrad/jax ratio between 0.7x and 1.6x from run to run."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    per = max(2, -(-reps // rounds))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(warmup):
+                fn()
+            for _ in range(per):
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def block(x):
     """Wait for asynchronous results (jax) before stopping the clock."""
     ready = getattr(x, "block_until_ready", None)

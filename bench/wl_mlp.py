@@ -3,10 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import statistics
-import time
-
-from common import block, median_time, optional, torch_mod
+from common import block, interleaved, median_time, optional, torch_mod
 
 SIZES = (784, 512, 512, 10)
 LR = 0.01
@@ -101,24 +98,6 @@ def numpy_step(params, x, y):
         if i:
             d = (d @ params[i].T) * (1 - acts[i // 2] ** 2)
     return loss, [p - LR * g for p, g in zip(params, grads)]
-
-
-def interleaved(fns: dict, reps: int, rounds: int = 10, warmup: int = 3) -> dict[str, float]:
-    """Median seconds of each function, timed in alternating blocks of about reps/rounds
-    calls (after `warmup` calls per block), so that all of them see the same machine load:
-    on a shared 2-core VM, load that comes and goes between two back-to-back medians moved
-    the tracegrad/jax ratio between 0.7x and 1.6x from run to run."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    per = max(2, -(-reps // rounds))
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            for _ in range(warmup):
-                fn()
-            for _ in range(per):
-                t0 = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def run(batch: int = 128, reps: int = 100, anchors: bool = True) -> dict[str, float]:
