@@ -725,7 +725,8 @@ def _backward_graph(w: Walk, roots: list) -> CachedGraph:
     # Composing a plan makes thousands of small objects, most kept: the cyclic collector runs
     # several times meanwhile, scanning them and the graph just recorded (15-40% of a new
     # length's compose). Paused here, it runs once after (the bench's Tensor pass: -4.5%,
-    # 13 interleaved fresh processes); a collector already off (the user's) stays off.
+    # 13 interleaved fresh processes); a collector already off (the user's) stays off. (One
+    # another thread turns off meanwhile is turned on again here: a window of a compose.)
     collecting = gc.isenabled()
     if collecting:
         gc.disable()
