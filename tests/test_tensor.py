@@ -351,3 +351,27 @@ def test_replayed_ops_carry_their_own_source_line():
     for _ in range(2):      # one call site, recorded twice
         d = x * 2.0
         assert d.grad_fn.eqns[0].source == f"{here}{line + 9}"
+
+
+@pytest.mark.parametrize("transform", ["jit", "grad"])
+def test_a_tensor_on_either_side_of_a_traced_value_is_a_constant_of_the_trace(transform):
+    """`a * W` with a traced a and a Tensor W requiring grad raised "Can't call numpy() on
+    Tensor that requires grad" (the traced value's operator asked W for an array); `W * a`
+    worked. Both now read W's value as a constant of the trace (review)."""
+    W = tg.tensor(np.array([1.0, 2.0, 3.0], np.float32), requires_grad=True)
+    a = np.array([0.5, -1.0, 2.0], np.float32)
+    forms = {"a * W": lambda a: a * W, "W * a": lambda a: W * a,
+             "a - W.sum(0)": lambda a: a - W.sum(0), "a / W": lambda a: a / W,
+             "a < W": lambda a: tg.where(a < W, a, 0.0)}
+    for name, f in forms.items():
+        fn = (tg.jit if transform == "jit" else tg.grad)(lambda a, f=f: tg.sum(f(a) * a))
+        got = np.asarray(fn(a))
+        w, x = np.array([1.0, 2.0, 3.0], np.float32), a
+        want = {"jit": {"a * W": (x * w * x).sum(), "W * a": (w * x * x).sum(),
+                        "a - W.sum(0)": ((x - w.sum()) * x).sum(), "a / W": (x / w * x).sum(),
+                        "a < W": (np.where(x < w, x, 0) * x).sum()},
+                "grad": {"a * W": 2 * x * w, "W * a": 2 * w * x,
+                         "a - W.sum(0)": 2 * x - w.sum(), "a / W": 2 * x / w,
+                         "a < W": np.where(x < w, 2 * x, 0)}}[transform][name]
+        np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=name)
+    assert W.grad is None

@@ -91,8 +91,17 @@ def promote(*xs: Any) -> Sequence[Any]:
                 break
         else:
             return xs
+    xs = [_traced_value(x) for x in xs]
     d = result_dtype(*xs)
     return [asdtype(x, d) for x in xs]
+
+
+def _traced_value(x: Any) -> Any:
+    """`x`, or the array an object offers for tracing (`__tg_array__`): a Tensor operand of a
+    traced value (`a * W` in a jitted function) is a constant of the trace, as in `W * a`,
+    where the Tensor's own operator hands over its value."""
+    get = getattr(x, "__tg_array__", None)
+    return x if get is None else get()
 
 
 def to_float(x: Any) -> Any:
