@@ -187,8 +187,14 @@ def _check_plain(n: Node) -> None:
 
 
 def _check_leaf(acc: AccumulateGrad) -> None:
-    if acc.post_hooks or acc.pre_hooks or acc.variable._get("hooks"):
+    if _hooked_leaf(acc):
         raise Bail
+
+
+def _hooked_leaf(acc: AccumulateGrad) -> bool:
+    """Whether a hook watches the gradient accumulated into `acc`'s leaf (the one-graph walks
+    that run on every backward spell this out inline)."""
+    return bool(acc.post_hooks or acc.pre_hooks or acc.variable._get("hooks"))
 
 
 class CachedGraph:
@@ -705,8 +711,7 @@ def _own_slot(w: Walk, n: Node, var: Var, acc: Any, val: Any) -> int | None:
     and `n` reads it through a variable of its own (renamed in `n`, so that the plan, built
     from the nodes' variables, keeps the two apart; see autograd_graph.rename_input). Returns
     the slot, with _WRT on its first use; None if the leaf needs the general engine."""
-    if type(acc) is not AccumulateGrad or acc.pre_hooks or acc.post_hooks or \
-            acc.variable._get("hooks"):
+    if type(acc) is not AccumulateGrad or _hooked_leaf(acc):
         return None
     key = (var.id, id(acc))
     k = w.slots.get(key)
