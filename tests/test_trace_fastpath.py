@@ -174,3 +174,23 @@ def test_tg_ops_on_traced_values_and_arrays_agree():
               lambda v: tg.maximum(v, 0.0), lambda v: tg.matmul(v, v.T),
               lambda v: tg.sum(v, axis=0), lambda v: tg.mean(v), lambda v: tg.max(v, 1)):
         np.testing.assert_allclose(tg.jit(f)(x), f(x), rtol=1e-6, atol=1e-7)
+
+
+def test_operator_fast_paths_fall_back_where_the_common_case_ends():
+    """`a @ b` of two traced values goes straight to the primitive only for 1-2 d operands of
+    one dtype; `x[i]` only for an int on a value with axes. The rest takes the general path
+    (promotion, batch broadcasting, the index checks) and gives numpy's answer."""
+    rng = np.random.default_rng(0)
+    a32 = rng.standard_normal((3, 4)).astype(np.float32)
+    b64 = rng.standard_normal((4, 2))
+    batch = rng.standard_normal((5, 3, 4)).astype(np.float32)
+    b32 = rng.standard_normal((4, 2)).astype(np.float32)
+    got = tg.jit(lambda a, b, c, d: (a @ b, c @ d, a[-1] @ d, a[1][2]))(a32, b64, batch, b32)
+    want = (a32 @ b64, batch @ b32, a32[-1] @ b32, a32[1][2])
+    for g, w in zip(got, want):
+        assert g.dtype == np.asarray(w).dtype
+        np.testing.assert_allclose(g, w, rtol=1e-6)
+    with pytest.raises(IndexError, match="out of bounds"):
+        tg.jit(lambda a: a[3])(a32)
+    with pytest.raises(Exception, match="0-d|scalar|index"):
+        tg.jit(lambda a: tg.sum(a)[0])(a32)

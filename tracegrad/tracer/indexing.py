@@ -40,22 +40,31 @@ def _expand(index: Any, ndim: int) -> list[Any]:
 _INT_INDEX: dict[tuple, tuple[dict | None, dict]] = {}
 
 
+def int_index(x: Traced, index: int) -> Any:
+    """`x[index]` for a traced `x` and an int `index`: the common case (`xs[t]`), as a slice
+    and a reshape (`Traced.__getitem__` calls it directly; the user's line is looked for
+    from the frame above its caller)."""
+    shape = x.atom.aval.shape
+    if not shape:
+        return getitem(x, index)    # (a 0-d value: getitem's error)
+    params = _INT_INDEX.get((shape, index))
+    if params is None:
+        n = shape[0]
+        if not -n <= index < n:
+            raise IndexError(f"index {index} is out of bounds for axis 0 with size {n}")
+        i = index % n
+        cut = ({"index": ((i, i + 1, 1),) + tuple((0, d, 1) for d in shape[1:])}
+               if n != 1 else None)
+        params = remember(_INT_INDEX, (shape, index), (cut, {"shape": shape[1:]}))
+    if params[0] is not None:
+        x = bind_traced("slice", x, params=params[0])
+    return bind_traced("reshape", x, params=params[1])
+
+
 @op("Index")
 def getitem(x: Any, index: Any) -> Any:
     if type(index) is int and type(x) is Traced and x.atom.aval.shape:   # x[t]: the common case
-        shape = x.atom.aval.shape
-        params = _INT_INDEX.get((shape, index))
-        if params is None:
-            n = shape[0]
-            if not -n <= index < n:
-                raise IndexError(f"index {index} is out of bounds for axis 0 with size {n}")
-            i = index % n
-            cut = ({"index": ((i, i + 1, 1),) + tuple((0, d, 1) for d in shape[1:])}
-                   if n != 1 else None)
-            params = remember(_INT_INDEX, (shape, index), (cut, {"shape": shape[1:]}))
-        if params[0] is not None:
-            x = bind_traced("slice", x, params=params[0])
-        return bind_traced("reshape", x, params=params[1])
+        return int_index(x, index)
     shape = tuple(E.shape_of(x))
     items = _expand(index, len(shape))
     slices: list[tuple[int, int, int]] = []

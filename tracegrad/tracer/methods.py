@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ir.builder import Traced
+from ..ir.builder import Traced, bind_traced
 from . import numpy_api as tnp
-from .indexing import getitem
+from .indexing import getitem, int_index
 
 METHODS = {
     "sum": tnp.sum, "mean": tnp.mean, "max": tnp.max, "min": tnp.min, "prod": tnp.prod,
@@ -20,14 +20,25 @@ METHODS = {
 
 
 def _matmul(self: Traced, other: Any) -> Any:
-    # another traced value cannot be a Tensor: skip the dispatch
-    return (tnp.matmul.raw if type(other) is Traced else tnp.matmul)(self, other)
+    if type(other) is Traced:   # (another traced value cannot be a Tensor: no dispatch)
+        a, b = self.atom.aval, other.atom.aval
+        if (0 < len(a.shape) <= 2 and 0 < len(b.shape) <= 2 and a.dtype is b.dtype
+                and not self.builder.weak_inputs and not other.builder.weak_inputs):
+            return bind_traced("matmul", self, other)     # (tnp.matmul's common case)
+        return tnp.matmul.raw(self, other)
+    return tnp.matmul(self, other)
+
+
+def _getitem(self: Traced, index: Any) -> Any:
+    if type(index) is int:      # x[t]: indexing's common case, without the dispatch
+        return int_index(self, index)
+    return getitem(self, index)
 
 
 def install() -> None:
     for name, fn in METHODS.items():
         setattr(Traced, name, fn)
-    Traced.__getitem__ = getitem
+    Traced.__getitem__ = _getitem
     # `@` broadcasts batch dimensions like np.matmul (the primitive needs equal batches)
     Traced.__matmul__ = _matmul
     Traced.__rmatmul__ = lambda self, other: tnp.matmul(other, self)
