@@ -1,7 +1,7 @@
 """The reference interpreter: runs a graph with each op's numpy reference. The oracle."""
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -87,6 +87,13 @@ def _dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 _np_matmul = np.matmul
+# _dot without its checks: for operands known to be contiguous (see `contiguity`)
+_ndot = np.ndarray.dot
+
+
+def _flip(x: np.ndarray) -> np.ndarray:
+    """A 2-d transpose (a view: contiguous when `x` is, in the other order)."""
+    return x.T
 # numpy's C functions behind their __array_function__ dispatchers (numpy >= 1.25), which look
 # at every argument for an override plain arrays never have: np.concatenate of 10 small
 # pieces costs 4.1 us through its dispatcher, 2.0 us without
@@ -152,7 +159,7 @@ def _fast_fn(e: Any) -> Callable | None:
         return lambda x: x.reshape(shape)
     if op == "transpose":
         perm = tuple(p["perm"])
-        return lambda x: x.transpose(perm)
+        return _flip if perm == (1, 0) else lambda x: x.transpose(perm)
     if op == "broadcast":   # contiguous, as the reference (a reduction of a stride-0 view
         shape = tuple(p["shape"])     # sums in another order)
         return lambda x: _broadcast(x, shape)
@@ -160,8 +167,7 @@ def _fast_fn(e: Any) -> Callable | None:
         idx = np_index(p["index"])
         return lambda x: x[idx]
     if op == "concatenate" and same:
-        axis = p["axis"]
-        return lambda *xs: concatenate(xs, axis)
+        return concatenation(p["axis"])
     if op == "select" and len({a.aval.dtype for a in e.inputs[1:]} | {out.dtype}) == 1:
         return where
     if op == "convert":
@@ -409,8 +415,43 @@ class Program:
                 for k, j in zip(self.outs, self.out_steps)]
 
 
-# step functions that always return a new array (their outputs need no copy when returned)
-_FRESH = frozenset([*_UFUNC.values(), *_FLOAT_ONLY.values(), np.matmul, _dot, _outer])
+# step functions that always return a new array (their outputs need no copy when returned);
+# `concatenation` adds its functions
+_FRESH = {*_UFUNC.values(), *_FLOAT_ONLY.values(), np.matmul, _dot, _outer}
+_CONCATENATIONS: dict[int, Callable] = {}   # axis -> step function
+
+
+def concatenation(axis: int) -> Callable:
+    """The step concatenating its operands (of one dtype) along `axis`."""
+    fn = _CONCATENATIONS.get(axis)
+    if fn is None:
+        fn = _CONCATENATIONS.setdefault(axis, lambda *xs: concatenate(xs, axis))
+        _FRESH.add(fn)
+    return fn
+
+
+def contiguity(steps: Sequence[tuple], init: Sequence[Any], inputs: Iterable[int]) -> dict:
+    """The slots of a Program's (or Plan's) `steps` that hold contiguous arrays (C or Fortran
+    order) whenever the slots `inputs` do: slot -> the inputs that rests on. Known: constants
+    in `init` that are, results of functions making new arrays (a new 2-d array is one or the
+    other; only the 2-d operands of `_dot` are asked about), and 2-d transposes of those. On
+    such operands `_dot` may be `_ndot`."""
+    none: frozenset = frozenset()
+    known = {k: frozenset((k,)) for k in inputs}
+    for k, v in enumerate(init):
+        if type(v) is np.ndarray and v.flags.forc:
+            known[k] = none
+    fresh = _FRESH
+    for fn, ins, out, n in steps:
+        if n < 0:
+            continue
+        if fn in fresh:
+            known[out] = none
+        elif fn is _flip:
+            of = known.get(ins[0])
+            if of is not None:
+                known[out] = of
+    return known
 
 
 def _created(e: Any) -> np.ndarray:
@@ -437,46 +478,114 @@ _LOOPS: dict[Any, tuple] = {}
 
 
 def _loop_source(e: Any) -> Callable:
-    """(length, the ys' types) -> the function running scan `e`'s loop."""
+    """(length, the ys' types) -> the function running scan `e`'s loop. Per call, not per
+    step: the body's 2-d matmuls call ndarray.dot where their operands are known contiguous
+    once the loop's inputs are (`_loop_dots`; checked on entry, else `_dot` runs); the xs
+    are iterated, not indexed; and a carry whose values before and after each step are both
+    ys (scan_vjp's residuals) is collected once, c_0 .. c_T, stacked once, and sliced."""
     p = e.params
     prog = program(p["body"])
     n_c, n_k, n_in = p["n_consts"], p["n_carry"], prog.n_in
+    rev = bool(p.get("reverse"))
     x_avals = p["body"].in_avals[n_c + n_k:]
     read = {i for step in prog.steps for i in step[1]} | set(prog.outs)
     names = {k: f"s{k}" for k in range(len(prog.init))}
-    ns: dict[str, Any] = {"_stack": _stack}
+    ns: dict[str, Any] = {"_stack": _stack, "_dot": _dot, "_ndot": _ndot}
     for k in range(n_in, len(prog.init)):       # the body's constants and literals
         ns[names[k]] = prog.init[k]
+    carry_outs, y_outs = prog.outs[:n_k], prog.outs[n_k:]
+    pairs = _carry_ys(n_c, carry_outs, y_outs)
+    paired = {j for c, (before, after) in pairs.items() for j in (before, after)}
+    fast, needs = _loop_dots(prog, n_c, n_k)
     ins = [names[k] for k in range(n_c + n_k)] + [f"x{k}" for k in range(n_c + n_k, n_in)]
     lines = [f"def run({', '.join(ins)}):"]
-    n_y = len(prog.outs) - n_k
-    lines += [f"    y{j} = []" for j in range(n_y)]
-    lines.append("    for t in _order:")
-    for k, a in zip(range(n_c + n_k, n_in), x_avals):
-        if k in read:    # 0-d: x[t, ...] is an array, x[t] a numpy scalar
-            lines.append(f"        {names[k]} = x{k}[t{'' if a.shape else ', ...'}]")
+    dot = "_ndot"
+    if fast and needs:
+        dot = "_d"
+        lines.append("    _d = _ndot if " + " and ".join(
+            f"x{k}.flags.c_contiguous" if k >= n_c + n_k else f"{names[k]}.flags.forc"
+            for k in needs) + " else _dot")
+    lines += [f"    y{j} = []" for j in range(len(y_outs)) if j not in paired]
+    lines += [f"    c{c} = [{names[n_c + c]}]" for c in pairs]
+    xs = [k for k in range(n_c + n_k, n_in) if k in read]
+    if xs and all(x_avals[k - n_c - n_k].shape for k in xs):
+        seqs = [f"x{k}[::-1]" if rev else f"x{k}" for k in xs]
+        lines.append(f"    for {', '.join(names[k] for k in xs)} in "
+                     f"{seqs[0] if len(xs) == 1 else 'zip(' + ', '.join(seqs) + ')'}:")
+    else:   # 0-d xs: x[t, ...] is an array, x[t] a numpy scalar
+        lines.append("    for t in _order:")
+        lines += [f"        {names[k]} = x{k}[t{'' if x_avals[k - n_c - n_k].shape else ', ...'}]"
+                  for k in xs]
     for i, (fn, s_ins, out, m) in enumerate(prog.steps):
         ns[f"f{i}"] = fn
         args = ", ".join(names[k] for k in s_ins)
         outs = names[out] if m >= 0 else "".join(f"{names[k]}, " for k in out)
-        lines.append(f"        {outs} = f{i}({args})")
-    lines += [f"        y{j}.append({names[k]})" for j, k in enumerate(prog.outs[n_k:])]
+        lines.append(f"        {outs} = {dot if i in fast else f'f{i}'}({args})")
+    lines += [f"        y{j}.append({names[k]})" for j, k in enumerate(y_outs) if j not in paired]
+    lines += [f"        c{c}.append({names[carry_outs[c]]})" for c in pairs]
     if n_k:
         lines.append(f"        {''.join(names[k] + ', ' for k in range(n_c, n_c + n_k))}= "
-                     f"{''.join(names[k] + ', ' for k in prog.outs[:n_k])}")
-    rev = ".reverse()" if p.get("reverse") else ""
-    lines += [f"    y{j}{rev}" for j in range(n_y) if rev]
+                     f"{''.join(names[k] + ', ' for k in carry_outs)}")
+    if rev:
+        lines += [f"    y{j}.reverse()" for j in range(len(y_outs)) if j not in paired]
+        lines += [f"    c{c}.reverse()" for c in pairs]
+    lines += [f"    c{c} = _stack(c{c}, _cs[{i}])" for i, c in enumerate(pairs)]
+    ys = {j: f"_stack(y{j}, _ys[{j}])" for j in range(len(y_outs)) if j not in paired}
+    for c, (before, after) in pairs.items():  # reversed: [c_T .. c_0]
+        ys[before], ys[after] = (f"c{c}[1:]", f"c{c}[:-1]") if rev else \
+            (f"c{c}[:-1]", f"c{c}[1:]")
     lines.append("    return (" + "".join(names[k] + ", " for k in range(n_c, n_c + n_k))
-                 + "".join(f"_stack(y{j}, _ys[{j}]), " for j in range(n_y)) + ")")
-    source = "def make(_order, _ys):\n" + "\n".join("    " + line for line in lines) + \
+                 + "".join(ys[j] + ", " for j in range(len(y_outs))) + ")")
+    source = "def make(_order, _ys, _cs):\n" + "\n".join("    " + line for line in lines) + \
         "\n    return run"
     exec(compile(source, "<scan loop>", "exec"), ns)   # noqa: S102 - our own source
     factory = ns["make"]
-    rev = bool(p.get("reverse"))
+    afters = [after for _, after in pairs.values()]
 
     def make(length: int, y_avals: list) -> Callable:
-        return factory(range(length - 1, -1, -1) if rev else range(length), y_avals)
+        c_avals = [((length + 1, *y_avals[j][0][1:]), y_avals[j][1]) for j in afters]
+        return factory(range(length - 1, -1, -1) if rev else range(length), y_avals, c_avals)
     return make
+
+
+def _carry_ys(n_c: int, carry_outs: list, y_outs: list) -> dict[int, tuple[int, int]]:
+    """carry -> (y, y) of a scan body's ys that are that carry before and after the step."""
+    pairs: dict[int, tuple[int, int]] = {}
+    taken: set = set()
+    for c, out in enumerate(carry_outs):
+        before = n_c + c
+        if out != before and before in y_outs and out in y_outs:
+            j, j2 = y_outs.index(before), y_outs.index(out)
+            if j not in taken and j2 not in taken:
+                pairs[c] = (j, j2)
+                taken |= {j, j2}
+    return pairs
+
+
+def _loop_dots(prog: Program, n_c: int, n_k: int) -> tuple[set, list]:
+    """The steps of a scan body whose `_dot` may be `_ndot` (see `contiguity`), and the body
+    inputs that rests on: consts and initial carries (contiguous), xs (C-contiguous, so that
+    each x[t] is). A carry is known contiguous only if its new value is too, and what that
+    rests on is needed as well."""
+    carries = range(n_c, n_c + n_k)
+    inputs = set(range(prog.n_in))
+    while True:
+        known = contiguity(prog.steps, prog.init, inputs)
+        lost = {k for k in carries if k in inputs and prog.outs[k - n_c] not in known}
+        if not lost:
+            break
+        inputs -= lost
+    fast, needs = set(), set()
+    for i, (fn, ins, _, _) in enumerate(prog.steps):
+        if fn is _dot and ins[0] in known and ins[1] in known:
+            fast.add(i)
+            needs |= known[ins[0]] | known[ins[1]]
+    todo = [k for k in needs if k in carries]
+    while todo:
+        more = known[prog.outs[todo.pop() - n_c]] - needs
+        needs |= more
+        todo += [k for k in more if k in carries]
+    return fast, sorted(needs)
 
 
 def _stack(parts: list, aval: tuple) -> np.ndarray:
