@@ -430,27 +430,39 @@ def concatenation(axis: int) -> Callable:
     return fn
 
 
-def contiguity(steps: Sequence[tuple], init: Sequence[Any], inputs: Iterable[int]) -> dict:
-    """The slots of a Program's (or Plan's) `steps` that hold contiguous arrays (C or Fortran
-    order) whenever the slots `inputs` do: slot -> the inputs that rests on. Known: constants
-    in `init` that are, results of functions making new arrays (a new 2-d array is one or the
-    other; only the 2-d operands of `_dot` are asked about), and 2-d transposes of those. On
-    such operands `_dot` may be `_ndot`."""
-    none: frozenset = frozenset()
-    known = {k: frozenset((k,)) for k in inputs}
-    for k, v in enumerate(init):
-        if type(v) is np.ndarray and v.flags.forc:
-            known[k] = none
+def contiguity(steps: Sequence[tuple], known: list) -> tuple[list, set]:
+    """Which `_dot`s of a Program's (or Plan's) `steps` may be `_ndot`: those whose operands are
+    contiguous (C or Fortran order) whenever some inputs are. `known` holds per slot -1 if it
+    always holds a contiguous array, an input's slot if it does when that input does, else
+    None; given for the inputs and constants, it is filled in for the steps' results: those of
+    functions making new arrays (a new 2-d array is one or the other, and only 2-d `_dot`
+    operands are asked about) and 2-d transposes of known ones. Returns (the `_dot`s' step
+    indices, the inputs they rest on, -1 included)."""
     fresh = _FRESH
-    for fn, ins, out, n in steps:
-        if n < 0:
-            continue
-        if fn in fresh:
-            known[out] = none
+    dots, needs = [], set()
+    for j, (fn, ins, out, _) in enumerate(steps):
+        if fn in fresh:         # (multi-output steps' functions are not)
+            if fn is _dot:
+                a, b = known[ins[0]], known[ins[1]]
+                if a is not None and b is not None:
+                    dots.append(j)
+                    needs.add(a)
+                    needs.add(b)
+            known[out] = -1
         elif fn is _flip:
-            of = known.get(ins[0])
-            if of is not None:
-                known[out] = of
+            known[out] = known[ins[0]]
+    return dots, needs
+
+
+def _known(n_slots: int, inputs: Iterable[int], consts: Iterable[tuple[int, Any]]) -> list:
+    """`contiguity`'s `known` before the steps: the slots `inputs` rest on themselves, the
+    (slot, value) `consts` that are contiguous are."""
+    known: list = [None] * n_slots
+    for k in inputs:
+        known[k] = k
+    for k, v in consts:
+        if type(v) is np.ndarray and v.flags.forc:
+            known[k] = -1
     return known
 
 
@@ -458,6 +470,20 @@ def _created(e: Any) -> np.ndarray:
     """The value of a `full` or `iota` equation."""
     out = e.outvars[0].aval
     return np.asarray(OPS[e.op].ref(**e.params), out.dtype).reshape(out.shape)
+
+
+def fast_dots(steps: list, n_slots: int, n_in: int, consts: Iterable[tuple[int, Any]]) -> tuple:
+    """(the inputs that must be contiguous, `steps` with `_ndot` for each `_dot` whose operands
+    are then (see `contiguity`)), or () if there is no such `_dot`."""
+    dots, needs = contiguity(steps, _known(n_slots, range(n_in), consts))
+    if not dots:
+        return ()
+    fast = list(steps)
+    for j in dots:
+        _, ins, out, n = steps[j]
+        fast[j] = (_ndot, ins, out, n)
+    needs.discard(-1)
+    return tuple(sorted(needs)), fast
 
 
 def _scan_fn(e: Any) -> Callable:
@@ -569,23 +595,22 @@ def _loop_dots(prog: Program, n_c: int, n_k: int) -> tuple[set, list]:
     rests on is needed as well."""
     carries = range(n_c, n_c + n_k)
     inputs = set(range(prog.n_in))
+    consts = [(k, v) for k, v in enumerate(prog.init) if v is not None]
     while True:
-        known = contiguity(prog.steps, prog.init, inputs)
-        lost = {k for k in carries if k in inputs and prog.outs[k - n_c] not in known}
+        known = _known(len(prog.init), inputs, consts)
+        dots, needs = contiguity(prog.steps, known)
+        lost = {k for k in carries if k in inputs and known[prog.outs[k - n_c]] is None}
         if not lost:
             break
         inputs -= lost
-    fast, needs = set(), set()
-    for i, (fn, ins, _, _) in enumerate(prog.steps):
-        if fn is _dot and ins[0] in known and ins[1] in known:
-            fast.add(i)
-            needs |= known[ins[0]] | known[ins[1]]
     todo = [k for k in needs if k in carries]
-    while todo:
-        more = known[prog.outs[todo.pop() - n_c]] - needs
-        needs |= more
-        todo += [k for k in more if k in carries]
-    return fast, sorted(needs)
+    while todo:         # a carry's later values: what its new value rests on
+        more = known[prog.outs[todo.pop() - n_c]]
+        if more not in needs:
+            needs.add(more)
+            todo += [more] if more in carries else []
+    needs.discard(-1)
+    return set(dots), sorted(needs)
 
 
 def _stack(parts: list, aval: tuple) -> np.ndarray:
