@@ -94,6 +94,8 @@ _ndot = np.ndarray.dot
 def _flip(x: np.ndarray) -> np.ndarray:
     """A 2-d transpose (a view: contiguous when `x` is, in the other order)."""
     return x.T
+
+
 # numpy's C functions behind their __array_function__ dispatchers (numpy >= 1.25), which look
 # at every argument for an override plain arrays never have: np.concatenate of 10 small
 # pieces costs 4.1 us through its dispatcher, 2.0 us without
@@ -521,7 +523,7 @@ def _loop_source(e: Any) -> Callable:
         ns[names[k]] = prog.init[k]
     carry_outs, y_outs = prog.outs[:n_k], prog.outs[n_k:]
     pairs = _carry_ys(n_c, carry_outs, y_outs)
-    paired = {j for c, (before, after) in pairs.items() for j in (before, after)}
+    paired = {j for pair in pairs.values() for j in pair}
     fast, needs = _loop_dots(prog, n_c, n_k)
     ins = [names[k] for k in range(n_c + n_k)] + [f"x{k}" for k in range(n_c + n_k, n_in)]
     lines = [f"def run({', '.join(ins)}):"]
