@@ -140,3 +140,19 @@ def test_the_rnn_gradients_scan_loops_match_the_reference(checked_dot):
     for args in ([W, U, xs], [np.asfortranarray(W), U.T.copy().T, np.asfortranarray(xs)]):
         _same(ir.program(g)(args), ir.interpret(g, args))
     assert checked_dot
+
+
+def test_a_carry_whose_new_value_is_a_view_keeps_the_checked_matmul(checked_dot):
+    """The new carry is a slice (a view the loop cannot vouch for): its matmul stays `_dot`,
+    which checks its operands at every step."""
+    def step(W, h, x):
+        z = tg.tanh(tg.concatenate([h @ W, x], axis=1))
+        return z[:, :N], z
+    g = _graph(graph_of(step, ir.Aval((N, N), F4), ir.Aval((1, N), F4), ir.Aval((1, N), F4)),
+               1, False)
+    args = _args(g, 6)
+    _same(ir.program(g)(args), ir.interpret(g, args))
+    assert not checked_dot
+    (e,) = g.eqns
+    body = ir.program(e.params["body"])
+    assert interp._loop_dots(body, 1, 1) == (set(), [])
