@@ -253,3 +253,45 @@ def test_composing_a_plan_pauses_the_collector_and_restores_it(monkeypatch):
     with pytest.raises(RuntimeError, match="composer failed"):
         new_graph(5)
     assert gc.isenabled()
+
+
+def test_plan_matmuls_call_ndarray_dot_on_contiguous_operands_only(monkeypatch):
+    """From a plan's second call, its 2-d matmuls whose operands are contiguous when some
+    inputs are (leaf weights, their transposes, new arrays) call ndarray.dot once those inputs
+    are checked; an input of another layout runs the checked matmul: the same bits as the
+    reference interpreter either way."""
+    interp = autograd_compose._interp
+    calls = []
+
+    def dot(a, b):
+        assert a.flags.forc and b.flags.forc, (a.strides, b.strides)
+        calls.append(1)
+        return np.ndarray.dot(a, b)
+    monkeypatch.setattr(interp, "_ndot", dot)
+    seen = {}
+    call = autograd_compose.Plan.__call__
+    monkeypatch.setattr(autograd_compose.Plan, "__call__",
+                        lambda p, args: seen.setdefault(id(p), (p, list(args))) and call(p, args))
+    rng = np.random.default_rng(5)
+    W = tg.tensor((rng.standard_normal((4, 4)) / 2).astype(np.float32), requires_grad=True)
+    U = tg.tensor((rng.standard_normal((4, 4)) / 2).astype(np.float32), requires_grad=True)
+    xs = [tg.tensor(x) for x in rng.standard_normal((5, 1, 4)).astype(np.float32)]
+    autograd_exec._grad_graphs.items.clear()
+    autograd_exec._tape_plans.items.clear()
+    rnn(5, W, U, xs).backward()
+    (plan, args), = seen.values()
+    assert plan.fast is False       # (called once)
+    plan(args)
+    assert plan.fast and calls
+    graph = plan.graph()
+    k = next(i for i, a in enumerate(args) if a.shape == (4, 4))
+    wide = np.zeros((4, 8), np.float32)
+    wide[:, ::2] = args[k]
+    for layout, arg in (("C", args[k]), ("Fortran", np.asfortranarray(args[k])),
+                        ("strided", wide[:, ::2])):
+        calls.clear()
+        given = args[:k] + [arg] + args[k + 1:]
+        got, want = plan(given), interp.interpret(graph, given)
+        assert bool(calls) == (layout != "strided"), layout
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape and g.tobytes() == w.tobytes()

@@ -1,7 +1,7 @@
 """The reference interpreter: runs a graph with each op's numpy reference. The oracle."""
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -87,6 +87,15 @@ def _dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 _np_matmul = np.matmul
+# _dot without its checks: for operands known to be contiguous (see `contiguity`)
+_ndot = np.ndarray.dot
+
+
+def _flip(x: np.ndarray) -> np.ndarray:
+    """A 2-d transpose (a view: contiguous when `x` is, in the other order)."""
+    return x.T
+
+
 # numpy's C functions behind their __array_function__ dispatchers (numpy >= 1.25), which look
 # at every argument for an override plain arrays never have: np.concatenate of 10 small
 # pieces costs 4.1 us through its dispatcher, 2.0 us without
@@ -152,7 +161,7 @@ def _fast_fn(e: Any) -> Callable | None:
         return lambda x: x.reshape(shape)
     if op == "transpose":
         perm = tuple(p["perm"])
-        return lambda x: x.transpose(perm)
+        return _flip if perm == (1, 0) else lambda x: x.transpose(perm)
     if op == "broadcast":   # contiguous, as the reference (a reduction of a stride-0 view
         shape = tuple(p["shape"])     # sums in another order)
         return lambda x: _broadcast(x, shape)
@@ -160,8 +169,7 @@ def _fast_fn(e: Any) -> Callable | None:
         idx = np_index(p["index"])
         return lambda x: x[idx]
     if op == "concatenate" and same:
-        axis = p["axis"]
-        return lambda *xs: concatenate(xs, axis)
+        return concatenation(p["axis"])
     if op == "select" and len({a.aval.dtype for a in e.inputs[1:]} | {out.dtype}) == 1:
         return where
     if op == "convert":
@@ -409,14 +417,75 @@ class Program:
                 for k, j in zip(self.outs, self.out_steps)]
 
 
-# step functions that always return a new array (their outputs need no copy when returned)
-_FRESH = frozenset([*_UFUNC.values(), *_FLOAT_ONLY.values(), np.matmul, _dot, _outer])
+# step functions that always return a new array (their outputs need no copy when returned);
+# `concatenation` adds its functions
+_FRESH = {*_UFUNC.values(), *_FLOAT_ONLY.values(), np.matmul, _dot, _outer}
+_CONCATENATIONS: dict[int, Callable] = {}   # axis -> step function
+
+
+def concatenation(axis: int) -> Callable:
+    """The step concatenating its operands (of one dtype) along `axis`."""
+    fn = _CONCATENATIONS.get(axis)
+    if fn is None:
+        fn = _CONCATENATIONS.setdefault(axis, lambda *xs: concatenate(xs, axis))
+        _FRESH.add(fn)
+    return fn
+
+
+def contiguity(steps: Sequence[tuple], known: list) -> tuple[list, set]:
+    """Which `_dot`s of a Program's (or Plan's) `steps` may be `_ndot`: those whose operands are
+    contiguous (C or Fortran order) whenever some inputs are. `known` holds per slot -1 if it
+    always holds a contiguous array, an input's slot if it does when that input does, else
+    None; given for the inputs and constants, it is filled in for the steps' results: those of
+    functions making new arrays (a new 2-d array is one or the other, and only 2-d `_dot`
+    operands are asked about) and 2-d transposes of known ones. Returns (the `_dot`s' step
+    indices, the inputs they rest on, -1 included)."""
+    fresh = _FRESH
+    dots, needs = [], set()
+    for j, (fn, ins, out, _) in enumerate(steps):
+        if fn in fresh:         # (multi-output steps' functions are not)
+            if fn is _dot:
+                a, b = known[ins[0]], known[ins[1]]
+                if a is not None and b is not None:
+                    dots.append(j)
+                    needs.add(a)
+                    needs.add(b)
+            known[out] = -1
+        elif fn is _flip:
+            known[out] = known[ins[0]]
+    return dots, needs
+
+
+def _known(n_slots: int, inputs: Iterable[int], consts: Iterable[tuple[int, Any]]) -> list:
+    """`contiguity`'s `known` before the steps: the slots `inputs` rest on themselves, the
+    (slot, value) `consts` that are contiguous are."""
+    known: list = [None] * n_slots
+    for k in inputs:
+        known[k] = k
+    for k, v in consts:
+        if type(v) is np.ndarray and v.flags.forc:
+            known[k] = -1
+    return known
 
 
 def _created(e: Any) -> np.ndarray:
     """The value of a `full` or `iota` equation."""
     out = e.outvars[0].aval
     return np.asarray(OPS[e.op].ref(**e.params), out.dtype).reshape(out.shape)
+
+
+def fast_dots(steps: list, n_slots: int, n_in: int, consts: Iterable[tuple[int, Any]]) -> tuple:
+    """(the inputs that must be contiguous, `steps` with `_ndot` for each `_dot` whose operands
+    are then (see `contiguity`)), or () if there is no such `_dot`."""
+    dots, needs = contiguity(steps, _known(n_slots, range(n_in), consts))
+    if not dots:
+        return ()
+    fast = list(steps)
+    for j in dots:
+        _, ins, out, n = steps[j]
+        fast[j] = (_ndot, ins, out, n)
+    needs.discard(-1)
+    return tuple(sorted(needs)), fast
 
 
 def _scan_fn(e: Any) -> Callable:
@@ -437,46 +506,113 @@ _LOOPS: dict[Any, tuple] = {}
 
 
 def _loop_source(e: Any) -> Callable:
-    """(length, the ys' types) -> the function running scan `e`'s loop."""
+    """(length, the ys' types) -> the function running scan `e`'s loop. Per call, not per
+    step: the body's 2-d matmuls call ndarray.dot where their operands are known contiguous
+    once the loop's inputs are (`_loop_dots`; checked on entry, else `_dot` runs); the xs
+    are iterated, not indexed; and a carry whose values before and after each step are both
+    ys (scan_vjp's residuals) is collected once, c_0 .. c_T, stacked once, and sliced."""
     p = e.params
     prog = program(p["body"])
     n_c, n_k, n_in = p["n_consts"], p["n_carry"], prog.n_in
+    rev = bool(p.get("reverse"))
     x_avals = p["body"].in_avals[n_c + n_k:]
     read = {i for step in prog.steps for i in step[1]} | set(prog.outs)
     names = {k: f"s{k}" for k in range(len(prog.init))}
-    ns: dict[str, Any] = {"_stack": _stack}
+    ns: dict[str, Any] = {"_stack": _stack, "_dot": _dot, "_ndot": _ndot}
     for k in range(n_in, len(prog.init)):       # the body's constants and literals
         ns[names[k]] = prog.init[k]
+    carry_outs, y_outs = prog.outs[:n_k], prog.outs[n_k:]
+    pairs = _carry_ys(n_c, carry_outs, y_outs)
+    paired = {j for pair in pairs.values() for j in pair}
+    fast, needs = _loop_dots(prog, n_c, n_k)
     ins = [names[k] for k in range(n_c + n_k)] + [f"x{k}" for k in range(n_c + n_k, n_in)]
     lines = [f"def run({', '.join(ins)}):"]
-    n_y = len(prog.outs) - n_k
-    lines += [f"    y{j} = []" for j in range(n_y)]
-    lines.append("    for t in _order:")
-    for k, a in zip(range(n_c + n_k, n_in), x_avals):
-        if k in read:    # 0-d: x[t, ...] is an array, x[t] a numpy scalar
-            lines.append(f"        {names[k]} = x{k}[t{'' if a.shape else ', ...'}]")
+    dot = "_ndot"
+    if fast and needs:
+        dot = "_d"
+        lines.append("    _d = _ndot if " + " and ".join(
+            f"x{k}.flags.c_contiguous" if k >= n_c + n_k else f"{names[k]}.flags.forc"
+            for k in needs) + " else _dot")
+    lines += [f"    y{j} = []" for j in range(len(y_outs)) if j not in paired]
+    lines += [f"    c{c} = [{names[n_c + c]}]" for c in pairs]
+    xs = [k for k in range(n_c + n_k, n_in) if k in read]
+    if xs and all(x_avals[k - n_c - n_k].shape for k in xs):
+        seqs = [f"x{k}[::-1]" if rev else f"x{k}" for k in xs]
+        lines.append(f"    for {', '.join(names[k] for k in xs)} in "
+                     f"{seqs[0] if len(xs) == 1 else 'zip(' + ', '.join(seqs) + ')'}:")
+    else:   # 0-d xs: x[t, ...] is an array, x[t] a numpy scalar
+        lines.append("    for t in _order:")
+        lines += [f"        {names[k]} = x{k}[t{'' if x_avals[k - n_c - n_k].shape else ', ...'}]"
+                  for k in xs]
     for i, (fn, s_ins, out, m) in enumerate(prog.steps):
         ns[f"f{i}"] = fn
         args = ", ".join(names[k] for k in s_ins)
         outs = names[out] if m >= 0 else "".join(f"{names[k]}, " for k in out)
-        lines.append(f"        {outs} = f{i}({args})")
-    lines += [f"        y{j}.append({names[k]})" for j, k in enumerate(prog.outs[n_k:])]
+        lines.append(f"        {outs} = {dot if i in fast else f'f{i}'}({args})")
+    lines += [f"        y{j}.append({names[k]})" for j, k in enumerate(y_outs) if j not in paired]
+    lines += [f"        c{c}.append({names[carry_outs[c]]})" for c in pairs]
     if n_k:
         lines.append(f"        {''.join(names[k] + ', ' for k in range(n_c, n_c + n_k))}= "
-                     f"{''.join(names[k] + ', ' for k in prog.outs[:n_k])}")
-    rev = ".reverse()" if p.get("reverse") else ""
-    lines += [f"    y{j}{rev}" for j in range(n_y) if rev]
+                     f"{''.join(names[k] + ', ' for k in carry_outs)}")
+    if rev:
+        lines += [f"    y{j}.reverse()" for j in range(len(y_outs)) if j not in paired]
+        lines += [f"    c{c}.reverse()" for c in pairs]
+    lines += [f"    c{c} = _stack(c{c}, _cs[{i}])" for i, c in enumerate(pairs)]
+    ys = {j: f"_stack(y{j}, _ys[{j}])" for j in range(len(y_outs)) if j not in paired}
+    for c, (before, after) in pairs.items():  # reversed: [c_T .. c_0]
+        ys[before], ys[after] = (f"c{c}[1:]", f"c{c}[:-1]") if rev else \
+            (f"c{c}[:-1]", f"c{c}[1:]")
     lines.append("    return (" + "".join(names[k] + ", " for k in range(n_c, n_c + n_k))
-                 + "".join(f"_stack(y{j}, _ys[{j}]), " for j in range(n_y)) + ")")
-    source = "def make(_order, _ys):\n" + "\n".join("    " + line for line in lines) + \
+                 + "".join(ys[j] + ", " for j in range(len(y_outs))) + ")")
+    source = "def make(_order, _ys, _cs):\n" + "\n".join("    " + line for line in lines) + \
         "\n    return run"
     exec(compile(source, "<scan loop>", "exec"), ns)   # noqa: S102 - our own source
     factory = ns["make"]
-    rev = bool(p.get("reverse"))
+    afters = [after for _, after in pairs.values()]
 
     def make(length: int, y_avals: list) -> Callable:
-        return factory(range(length - 1, -1, -1) if rev else range(length), y_avals)
+        c_avals = [((length + 1, *y_avals[j][0][1:]), y_avals[j][1]) for j in afters]
+        return factory(range(length - 1, -1, -1) if rev else range(length), y_avals, c_avals)
     return make
+
+
+def _carry_ys(n_c: int, carry_outs: list, y_outs: list) -> dict[int, tuple[int, int]]:
+    """carry -> (y, y) of a scan body's ys that are that carry before and after the step."""
+    pairs: dict[int, tuple[int, int]] = {}
+    taken: set = set()
+    for c, out in enumerate(carry_outs):
+        before = n_c + c
+        if out != before and before in y_outs and out in y_outs:
+            j, j2 = y_outs.index(before), y_outs.index(out)
+            if j not in taken and j2 not in taken:
+                pairs[c] = (j, j2)
+                taken |= {j, j2}
+    return pairs
+
+
+def _loop_dots(prog: Program, n_c: int, n_k: int) -> tuple[set, list]:
+    """The steps of a scan body whose `_dot` may be `_ndot` (see `contiguity`), and the body
+    inputs that rests on: consts and initial carries (contiguous), xs (C-contiguous, so that
+    each x[t] is). A carry is known contiguous only if its new value is too, and what that
+    rests on is needed as well."""
+    carries = range(n_c, n_c + n_k)
+    inputs = set(range(prog.n_in))
+    consts = [(k, v) for k, v in enumerate(prog.init) if v is not None]
+    while True:
+        known = _known(len(prog.init), inputs, consts)
+        dots, needs = contiguity(prog.steps, known)
+        lost = {k for k in carries if k in inputs and known[prog.outs[k - n_c]] is None}
+        if not lost:
+            break
+        inputs -= lost
+    todo = [k for k in needs if k in carries]
+    while todo:         # a carry's later values: what its new value rests on
+        more = known[prog.outs[todo.pop() - n_c]]
+        if more not in needs:
+            needs.add(more)
+            todo += [more] if more in carries else []
+    needs.discard(-1)
+    return set(dots), sorted(needs)
 
 
 def _stack(parts: list, aval: tuple) -> np.ndarray:

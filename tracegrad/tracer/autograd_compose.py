@@ -26,7 +26,7 @@ from .autograd_graph import instantiate
 
 _interp = importlib.import_module("tracegrad.ir.interpret")    # (ir.interpret: a function)
 _step_fn = _interp._step_fn     # the numpy function ir.Program runs for an equation
-_cat = _interp.concatenate       # (np.concatenate without its dispatch)
+_flip = _interp._flip           # a 2-d transpose
 _errors_off, _errors_back = _interp.errors_off, _interp.errors_back     # (np.errstate, cheaply)
 
 _recipes: dict = {}     # template sig id -> forward recipe (None: not plannable)
@@ -336,9 +336,6 @@ def _synth_type(op: str, ins: tuple) -> Aval | None:
     return None
 
 
-_concatenate: dict = {}     # axis -> step function
-
-
 def _synth_fn(op: str, ins: tuple, out: Aval, axis: int | None) -> Callable | None:
     """The function ir.Program picks for a composer-made equation (interpret._fast_fn), found
     without its general lookup (a new length makes new concatenations: this is their cost).
@@ -347,10 +344,7 @@ def _synth_fn(op: str, ins: tuple, out: Aval, axis: int | None) -> Callable | No
                                                             else ins)):     # (one type)
         return None
     if op == "concatenate":
-        fn = _concatenate.get(axis)
-        if fn is None:
-            fn = _concatenate[axis] = lambda *xs: _cat(xs, axis)
-        return fn
+        return _interp.concatenation(axis)
     if op == "matmul" and len(ins[0].shape) == 2 and len(ins[1].shape) == 2 and \
             out.dtype.kind == "f" and ins[0].shape[1] != 1:
         return _interp._dot
@@ -359,24 +353,37 @@ def _synth_fn(op: str, ins: tuple, out: Aval, axis: int | None) -> Callable | No
     return None
 
 
-def _flip(x: np.ndarray) -> np.ndarray:
-    return x.transpose((1, 0))
-
-
 # ---- plans -------------------------------------------------------------------------------
 
 class Plan:
     """Numpy steps over slots computing a composed graph: `plan(args)` runs them as ir.Program
     would run the graph (the same numpy function per equation, so the same bits), and
     `plan.graph()` writes the graph as IR when it is to be compiled."""
-    __slots__ = ("init", "steps", "meta", "outs", "n_in", "in_vars", "consts", "_graph")
+    __slots__ = ("init", "steps", "meta", "outs", "n_in", "in_vars", "consts", "_graph",
+                 "fast")
+    # fast: None before the first call, False after it; from the second (a plan run again is
+    # worth the look): the steps with 2-d matmuls calling ndarray.dot where the operands are
+    # contiguous if some inputs are, and those inputs, or () (see interpret.fast_dots)
 
     def __call__(self, args: list) -> list:
+        steps, fast = self.steps, self.fast
+        if fast is False:
+            init = self.init
+            fast = self.fast = _interp.fast_dots(steps, len(init), self.n_in,
+                                                 [(k, init[k]) for k in self.consts])
+        elif fast is None:
+            self.fast = False
+        if fast:
+            for i in fast[0]:
+                if not args[i].flags.forc:
+                    break
+            else:
+                steps = fast[1]
         env = self.init.copy()
         env[:self.n_in] = args
         token = _errors_off()
         try:
-            for fn, ins, out, n in self.steps:
+            for fn, ins, out, n in steps:
                 if n == 2:
                     env[out] = fn(env[ins[0]], env[ins[1]])
                 elif n == 1:
@@ -744,6 +751,7 @@ class _Composer:
         p.in_vars = self.in_vars
         p.consts = self.consts
         p._graph = None
+        p.fast = None
         p.outs = [(k, k in fresh and outs.index(k) == j) for j, k in enumerate(outs)]
         return p
 
