@@ -474,20 +474,6 @@ def _created(e: Any) -> np.ndarray:
     return np.asarray(OPS[e.op].ref(**e.params), out.dtype).reshape(out.shape)
 
 
-def fast_dots(steps: list, n_slots: int, n_in: int, consts: Iterable[tuple[int, Any]]) -> tuple:
-    """(the inputs that must be contiguous, `steps` with `_ndot` for each `_dot` whose operands
-    are then (see `contiguity`)), or () if there is no such `_dot`."""
-    dots, needs = contiguity(steps, _known(n_slots, range(n_in), consts))
-    if not dots:
-        return ()
-    fast = list(steps)
-    for j in dots:
-        _, ins, out, n = steps[j]
-        fast[j] = (_ndot, ins, out, n)
-    needs.discard(-1)
-    return tuple(sorted(needs)), fast
-
-
 def _scan_fn(e: Any) -> Callable:
     """A step running a scan as a loop over its body's Program (built once per body). The
     loop is written as Python source, the body's slots as local variables (a list of slots

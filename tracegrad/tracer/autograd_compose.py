@@ -359,31 +359,14 @@ class Plan:
     """Numpy steps over slots computing a composed graph: `plan(args)` runs them as ir.Program
     would run the graph (the same numpy function per equation, so the same bits), and
     `plan.graph()` writes the graph as IR when it is to be compiled."""
-    __slots__ = ("init", "steps", "meta", "outs", "n_in", "in_vars", "consts", "_graph",
-                 "fast")
-    # fast: None before the first call, False after it; from the second (a plan run again is
-    # worth the look): the steps with 2-d matmuls calling ndarray.dot where the operands are
-    # contiguous if some inputs are, and those inputs, or () (see interpret.fast_dots)
+    __slots__ = ("init", "steps", "meta", "outs", "n_in", "in_vars", "consts", "_graph")
 
     def __call__(self, args: list) -> list:
-        steps, fast = self.steps, self.fast
-        if fast is False:
-            init = self.init
-            fast = self.fast = _interp.fast_dots(steps, len(init), self.n_in,
-                                                 [(k, init[k]) for k in self.consts])
-        elif fast is None:
-            self.fast = False
-        if fast:
-            for i in fast[0]:
-                if not args[i].flags.forc:
-                    break
-            else:
-                steps = fast[1]
         env = self.init.copy()
         env[:self.n_in] = args
         token = _errors_off()
         try:
-            for fn, ins, out, n in steps:
+            for fn, ins, out, n in self.steps:
                 if n == 2:
                     env[out] = fn(env[ins[0]], env[ins[1]])
                 elif n == 1:
@@ -751,7 +734,6 @@ class _Composer:
         p.in_vars = self.in_vars
         p.consts = self.consts
         p._graph = None
-        p.fast = None
         p.outs = [(k, k in fresh and outs.index(k) == j) for j, k in enumerate(outs)]
         return p
 
