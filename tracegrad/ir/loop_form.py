@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, NamedTuple
 
-from .core import Graph, Lit, Var
+from .core import Graph, Lit, Var, remember
 from .loops import MIN_EQNS, MIN_TRIPS, _full_params
 from .passes import _frozen_params
 
@@ -29,7 +29,10 @@ class Form(NamedTuple):
     valued: tuple       # the keys of literals after the run written by value (in maps)
 
 
-_CODES: dict[Any, int] = {}     # an equation's relative form -> an int
+_KINDS: dict[Any, int] = {}     # (op, params, output types), by value -> an int (a kind)
+_CODES: dict[Any, int] = {}     # (kind, inputs as _codes names them) -> an int (a code)
+_SEEN: dict[tuple, tuple] = {}  # (op, id(params), id(output type), inputs) -> (code, params,
+#                                 output type, a slice's starts): _CODES by identity (_code)
 _NEXT = itertools.count()        # never handed out twice: forms made before a clear stay apart
 
 
@@ -39,6 +42,49 @@ def _params_key(op: str, params: dict, frozen: bool = False) -> Any:
     if frozen:
         return _frozen_params(params)
     return _full_params(params) if op == "full" else tuple(params.items())
+
+
+def _code(op: str, params: dict, out: Any, refs: Any, remembered: bool = True
+          ) -> tuple | None:
+    """(code, params or None, out, starts) for an equation: `code` the int naming its op,
+    params (a slice's starts left out), output type(s) `out` and inputs `refs` (see _codes),
+    `starts` a slice's start indices (else None); None if the params cannot be hashed.
+    `remembered`: kept in _SEEN, by the identity of the params and the type (a function's
+    traces share them; the entry holds both, so their ids are no other's while it is
+    there), for _codes to find without hashing them."""
+    starts = None
+    if not params:
+        ps: Any = ()
+    elif op == "slice":
+        index = params["index"]
+        starts = tuple([s for s, _, _ in index])
+        ps = ("slice", tuple([(stop - s, step) for s, stop, step in index]))
+    else:
+        ps = _params_key(op, params)
+    key = (op, ps, out)
+    try:
+        kind = _KINDS.get(key)
+    except TypeError:       # params that cannot be hashed as they are
+        key = (op, _params_key(op, params, True), out)
+        try:
+            kind = _KINDS.get(key)
+        except TypeError:
+            return None
+    if kind is None:
+        if len(_KINDS) > 1 << 16:
+            _KINDS.clear()
+        kind = _KINDS[key] = next(_NEXT)
+    key = (kind, refs)
+    code = _CODES.get(key)
+    if code is None:
+        if len(_CODES) > 1 << 16:
+            _CODES.clear()
+        code = _CODES[key] = next(_NEXT)
+    p = params or None
+    hit = (code, p, out, starts)
+    if remembered:
+        remember(_SEEN, (op, id(p), id(out), refs), hit, 1 << 14)
+    return hit
 
 
 def _codes(graph: Graph, values: bool = False
@@ -61,9 +107,9 @@ def _codes(graph: Graph, values: bool = False
     depth: list[int] = []       # 1 + the deepest input's (see _shift)
     starts: list[tuple] = []
     lits: list[tuple] = []
-    table, get = _CODES, _CODES.get
+    seen = _SEEN.get
     for i, e in enumerate(graph.eqns):
-        op, ins, outs, params = e.op, e.inputs, e.outvars, e.params
+        ins, outs, params = e.inputs, e.outvars, e.params
         here = i << 8
         if len(ins) == 2 and type(ins[0]) is Var and type(ins[1]) is Var:
             w0, w1 = where[ins[0].id], where[ins[1].id]
@@ -84,34 +130,20 @@ def _codes(graph: Graph, values: bool = False
             d = max([depth[where[a.id] >> 8] for a in ins
                      if type(a) is Var and where[a.id] >= 0], default=0)
         depth.append(d + 1)
-        if not params:
-            ps: Any = ()
-        elif op == "slice":
-            index = params["index"]
-            starts.append((i, tuple([s for s, _, _ in index])))
-            ps = ("slice", tuple([(stop - s, step) for s, stop, step in index]))
-        else:
-            ps = _params_key(op, params)
         if len(outs) == 1:
-            out = outs[0]
-            key = (op, ps, out.aval, refs)
+            out = outs[0].aval
+            hit = seen((e.op, id(params or None), id(out), refs))
+            if hit is None:
+                hit = _code(e.op, params, out, refs)
         elif len(outs) > 255:
             return None
         else:
-            key = (op, ps, tuple([v.aval for v in outs]), refs)
-        try:
-            c = get(key)
-        except TypeError:       # params that cannot be hashed as they are
-            key = (key[0], _params_key(op, params, True)) + key[2:]
-            try:
-                c = get(key)
-            except TypeError:
-                return None
-        if c is None:
-            if len(table) > 1 << 16:
-                table.clear()
-            c = table[key] = next(_NEXT)
-        append(c)
+            hit = _code(e.op, params, tuple([v.aval for v in outs]), refs, False)
+        if hit is None:
+            return None
+        append(hit[0])
+        if hit[3] is not None:
+            starts.append((i, hit[3]))
         if len(outs) == 1:
             where[outs[0].id] = here
         else:
@@ -611,8 +643,9 @@ def _starts_pattern(starts: list[tuple], i: int, p: int, reps: int) -> tuple | N
         seq = per_pos[q]
         first = seq[0]
         step = steps[q] = tuple([b - a for a, b in zip(first, seq[1])])
-        for k, s in enumerate(seq):
-            if any(x != f + k * d for x, f, d in zip(s, first, step)):
+        count = len(seq)
+        for f, d, col in zip(first, step, zip(*seq)):     # (per index, every block's)
+            if col != (tuple(range(f, f + count * d, d)) if d else (f,) * count):
                 return None
         out.append((q, first, step))
     for j, s in after:
