@@ -68,3 +68,20 @@ def test_slice_starts_are_part_of_the_form():
     assert backward(5) == backward(9) and None not in (forward(5), backward(5))
     assert len({forward(5), shifted(5), every_other(5), backward(5)}) == 4
     assert run(lambda t, T: t * t)(6) not in (forward(6), every_other(6))   # uneven
+
+
+def test_runs_found_alike_with_and_without_looking_the_first_starts_up(monkeypatch):
+    """_runs looks up the next equal code for the first few starts and uses a table after:
+    the runs must be those the table alone finds, wherever they start."""
+    from tracegrad.ir import loop_form as lf
+    rng = np.random.default_rng(0)
+    cases = []
+    for _ in range(300):
+        body = list(rng.integers(0, 6, rng.integers(1, 7)))
+        head = list(rng.integers(0, 9, rng.integers(0, 14)))
+        tail = list(rng.integers(0, 9, rng.integers(0, 5)))
+        cases.append(head + body * int(rng.integers(1, 6)) + tail)
+    probed = [list(lf._runs(c)) for c in cases]
+    monkeypatch.setattr(lf, "PROBED", 0)
+    assert probed == [list(lf._runs(c)) for c in cases]
+    assert sum(map(bool, probed)) > 50

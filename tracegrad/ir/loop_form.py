@@ -104,52 +104,52 @@ def _codes(graph: Graph, values: bool = False
         where[v.id] = -1 - base - k
     codes: list[int] = []
     append = codes.append
-    depth: list[int] = []       # 1 + the deepest input's (see _shift)
+    size = len(graph.eqns)
+    # 1 + the deepest input's (see _shift); a graph input's `where >> 8` is negative: it
+    # reads one of the zeros past the equations'
+    depth = [0] * (size + 1 + (len(where) >> 8))
     starts: list[tuple] = []
     lits: list[tuple] = []
     seen = _SEEN.get
     for i, e in enumerate(graph.eqns):
-        ins, outs, params = e.inputs, e.outvars, e.params
+        ins, outs = e.inputs, e.outvars
         here = i << 8
         if len(ins) == 2 and type(ins[0]) is Var and type(ins[1]) is Var:
             w0, w1 = where[ins[0].id], where[ins[1].id]
             refs: Any = (here - w0 if w0 >= 0 else w0, here - w1 if w1 >= 0 else w1)
-            d = depth[w0 >> 8] if w0 >= 0 else 0
-            if w1 >= 0 and depth[w1 >> 8] > d:
-                d = depth[w1 >> 8]
+            d, d1 = depth[w0 >> 8], depth[w1 >> 8]
+            depth[i] = (d if d > d1 else d1) + 1
         elif len(ins) == 1 and type(ins[0]) is Var:
             w0 = where[ins[0].id]
             refs = here - w0 if w0 >= 0 else w0
-            d = depth[w0 >> 8] if w0 >= 0 else 0
+            depth[i] = depth[w0 >> 8] + 1
         else:
             refs = tuple([(here - where[a.id] if where[a.id] >= 0 else where[a.id])
                           if type(a) is Var else a.key() if values else a.aval.dtype.str
                           for a in ins])
             if not values:
                 lits += [(i, k, a) for k, a in enumerate(ins) if type(a) is Lit]
-            d = max([depth[where[a.id] >> 8] for a in ins
-                     if type(a) is Var and where[a.id] >= 0], default=0)
-        depth.append(d + 1)
+            depth[i] = max([depth[where[a.id] >> 8] for a in ins if type(a) is Var],
+                           default=0) + 1
         if len(outs) == 1:
+            where[outs[0].id] = here
             out = outs[0].aval
-            hit = seen((e.op, id(params or None), id(out), refs))
+            hit = seen((e.op, id(e.params or None), id(out), refs))
             if hit is None:
-                hit = _code(e.op, params, out, refs)
+                hit = _code(e.op, e.params, out, refs)
         elif len(outs) > 255:
             return None
         else:
-            hit = _code(e.op, params, tuple([v.aval for v in outs]), refs, False)
+            for pos, v in enumerate(outs):
+                where[v.id] = here | pos
+            hit = _code(e.op, e.params, tuple([v.aval for v in outs]), refs, False)
         if hit is None:
             return None
         append(hit[0])
         if hit[3] is not None:
             starts.append((i, hit[3]))
-        if len(outs) == 1:
-            where[outs[0].id] = here
-        else:
-            for pos, v in enumerate(outs):
-                where[v.id] = here | pos
-    end = len(graph.eqns) << 8
+    del depth[size:]
+    end = size << 8
     outs = [a.key() if type(a) is Lit else
             (end - where[a.id] if where[a.id] >= 0 else where[a.id]) for a in graph.outvars]
     return codes, starts, lits, outs, where, depth
@@ -183,14 +183,19 @@ def _runs(codes: list):
     (start, period, blocks), in order of their start (for each start, the period of the
     next equal code)."""
     size = len(codes)
-    nxt = [size] * size
-    seen: dict[Any, int] = {}
-    for i in range(size - 1, -1, -1):
-        c = codes[i]
-        nxt[i] = seen.get(c, size)
-        seen[c] = i
+    nxt = None
     for i in range(size):
-        p = nxt[i] - i
+        if i < PROBED:
+            # (most loops start a few equations in: the first starts' next equal codes are
+            # looked up, within the longest period that fits, before a table of them all)
+            try:
+                p = codes.index(codes[i], i + 1, i + 1 + (size - i) // MIN_TRIPS) - i
+            except ValueError:
+                continue
+        else:
+            if nxt is None:
+                nxt = _next_equal(codes)
+            p = nxt[i] - i
         if i + MIN_TRIPS * p <= size and p * MIN_TRIPS >= MIN_EQNS:
             body = codes[i:i + p]
             reps = 1
@@ -199,6 +204,21 @@ def _runs(codes: list):
                 reps += 1
             if reps >= MIN_TRIPS and p * reps >= MIN_EQNS:
                 yield i, p, reps
+
+
+PROBED = 8      # how many starts _runs looks the next equal code up for
+
+
+def _next_equal(codes: list) -> list[int]:
+    """Per position, that of the next equal code (len(codes) if none)."""
+    size = len(codes)
+    nxt = [size] * size
+    seen: dict[Any, int] = {}
+    for i in range(size - 1, -1, -1):
+        c = codes[i]
+        nxt[i] = seen.get(c, size)
+        seen[c] = i
+    return nxt
 
 
 def _run(graph: Graph, named: tuple) -> tuple[Form, int, list] | None:

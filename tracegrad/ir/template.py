@@ -217,13 +217,12 @@ class Template:
                 k = prog.made.get(id(e))
                 redo.append((at, e, prog.steps[k][0] if type(k) is int else None,
                              changes.get(at, [])))
-        # (every output of an equation whose types change: a reused step's output feeds a
-        # remade one)
+        # (any equation's outputs: a reused step's output feeds a remade one)
         read = {a.id for _, e, _, _ in redo for a in e.inputs if type(a) is Var}
         read.update(v.id for _, e, _, _ in redo for v in e.outvars)
-        self._retype = [(v.id, v.aval.shape, tuple(dims.get(k, ())), v.aval.dtype)
-                        for at, dims in resized.items()
-                        for k, v in enumerate(eqns[at].outvars) if v.id in read]
+        self._retype = [(v.id, v.aval.shape, tuple(outs[k]), v.aval.dtype)
+                        for at, outs in resized.items()
+                        for k, v in enumerate(eqns[at].outvars) if k in outs and v.id in read]
         scans: list = [unrolled_size(self.graph)]
         for at, e in enumerate(eqns):
             ab = self.ints.get((at, ("param", "length")))
@@ -286,8 +285,6 @@ class Template:
 
 def _resized(shape: tuple, dims: tuple, n: int) -> tuple:
     """`shape` with each (dim, a, b) of `dims` made a * n + b."""
-    if not dims:
-        return shape
     out = list(shape)
     for d, a, b in dims:
         out[d] = a * n + b
