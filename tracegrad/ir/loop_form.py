@@ -132,19 +132,21 @@ def _codes(graph: Graph, values: bool = False
             depth[i] = max([depth[where[a.id] >> 8] for a in ins if type(a) is Var],
                            default=0) + 1
         if len(outs) == 1:
-            where[outs[0].id] = here
-            out = outs[0].aval
-            hit = seen((e.op, id(e.params or None), id(out), refs))
+            v = outs[0]
+            where[v.id] = here
+            hit = seen((e.op, id(e.params or None), id(v.aval), refs))
             if hit is None:
-                hit = _code(e.op, e.params, out, refs)
+                hit = _code(e.op, e.params, v.aval, refs)
+                if hit is None:
+                    return None
         elif len(outs) > 255:
             return None
         else:
             for pos, v in enumerate(outs):
                 where[v.id] = here | pos
             hit = _code(e.op, e.params, tuple([v.aval for v in outs]), refs, False)
-        if hit is None:
-            return None
+            if hit is None:
+                return None
         append(hit[0])
         if hit[3] is not None:
             starts.append((i, hit[3]))
