@@ -152,8 +152,8 @@ class Template:
             if a * n + b < (1 if where[-1] == "length" else 0):
                 raise ValueError(f"Template.instantiate: count {n} gives {where[-1]} "
                                  f"{a * n + b} in equation {at} ({self.graph.eqns[at].op})")
-        retyped = {vid: aval(_resized(shape, dims, n), dtype)
-                   for vid, shape, dims, dtype in self._retype}
+        retyped = {vid: aval(_resized(shape, dims, n), dtype)     # template variable id ->
+                   for vid, shape, dims, dtype in self._retype}   # its new type
         probes: dict[int, Eqn] = {}      # stand-ins for the equations whose steps change
         fns: dict[int, Any] = {}         # or those steps' functions, made directly
         for at, e, fn, changes in self._redo:
@@ -217,7 +217,8 @@ class Template:
                 k = prog.made.get(id(e))
                 redo.append((at, e, prog.steps[k][0] if type(k) is int else None,
                              changes.get(at, [])))
-        # (any equation's outputs: a reused step's output feeds a remade one)
+        # (those of every equation whose types change, not only the remade ones': a reused
+        # step's output feeds a remade one)
         read = {a.id for _, e, _, _ in redo for a in e.inputs if type(a) is Var}
         read.update(v.id for _, e, _, _ in redo for v in e.outvars)
         self._retype = [(v.id, v.aval.shape, tuple(outs[k]), v.aval.dtype)
