@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, NamedTuple
 
-from .core import Graph, Lit, Var
+from .core import Graph, Lit, Var, remember
 from .loops import MIN_EQNS, MIN_TRIPS, _full_params
 from .passes import _frozen_params
 
@@ -29,7 +29,10 @@ class Form(NamedTuple):
     valued: tuple       # the keys of literals after the run written by value (in maps)
 
 
-_CODES: dict[Any, int] = {}     # an equation's relative form -> an int
+_KINDS: dict[Any, int] = {}     # (op, params, output types), by value -> an int (a kind)
+_CODES: dict[Any, int] = {}     # (kind, inputs as _codes names them) -> an int (a code)
+_SEEN: dict[tuple, tuple] = {}  # (op, id(params), id(output type), inputs) -> (code, params,
+#                                 output type, a slice's starts): _CODES by identity (_code)
 _NEXT = itertools.count()        # never handed out twice: forms made before a clear stay apart
 
 
@@ -39,6 +42,49 @@ def _params_key(op: str, params: dict, frozen: bool = False) -> Any:
     if frozen:
         return _frozen_params(params)
     return _full_params(params) if op == "full" else tuple(params.items())
+
+
+def _code(op: str, params: dict, out: Any, refs: Any, remembered: bool = True
+          ) -> tuple | None:
+    """(code, params or None, out, starts) for an equation: `code` the int naming its op,
+    params (a slice's starts left out), output type(s) `out` and inputs `refs` (see _codes),
+    `starts` a slice's start indices (else None); None if the params cannot be hashed.
+    `remembered`: kept in _SEEN, by the identity of the params and the type (a function's
+    traces share them; the entry holds both, so their ids are no other's while it is
+    there), for _codes to find without hashing them."""
+    starts = None
+    if not params:
+        ps: Any = ()
+    elif op == "slice":
+        index = params["index"]
+        starts = tuple([s for s, _, _ in index])
+        ps = ("slice", tuple([(stop - s, step) for s, stop, step in index]))
+    else:
+        ps = _params_key(op, params)
+    key = (op, ps, out)
+    try:
+        kind = _KINDS.get(key)
+    except TypeError:       # params that cannot be hashed as they are
+        key = (op, _params_key(op, params, True), out)
+        try:
+            kind = _KINDS.get(key)
+        except TypeError:
+            return None
+    if kind is None:
+        if len(_KINDS) > 1 << 16:
+            _KINDS.clear()
+        kind = _KINDS[key] = next(_NEXT)
+    key = (kind, refs)
+    code = _CODES.get(key)
+    if code is None:
+        if len(_CODES) > 1 << 16:
+            _CODES.clear()
+        code = _CODES[key] = next(_NEXT)
+    p = params or None
+    hit = (code, p, out, starts)
+    if remembered:
+        remember(_SEEN, (op, id(p), id(out), refs), hit, 1 << 14)
+    return hit
 
 
 def _codes(graph: Graph, values: bool = False
@@ -58,66 +104,54 @@ def _codes(graph: Graph, values: bool = False
         where[v.id] = -1 - base - k
     codes: list[int] = []
     append = codes.append
-    depth: list[int] = []       # 1 + the deepest input's (see _shift)
+    size = len(graph.eqns)
+    # 1 + the deepest input's (see _shift); a graph input's `where >> 8` is negative: it
+    # reads one of the zeros past the equations'
+    depth = [0] * (size + 1 + (len(where) >> 8))
     starts: list[tuple] = []
     lits: list[tuple] = []
-    table, get = _CODES, _CODES.get
+    seen = _SEEN.get
     for i, e in enumerate(graph.eqns):
-        op, ins, outs, params = e.op, e.inputs, e.outvars, e.params
+        ins, outs = e.inputs, e.outvars
         here = i << 8
         if len(ins) == 2 and type(ins[0]) is Var and type(ins[1]) is Var:
             w0, w1 = where[ins[0].id], where[ins[1].id]
             refs: Any = (here - w0 if w0 >= 0 else w0, here - w1 if w1 >= 0 else w1)
-            d = depth[w0 >> 8] if w0 >= 0 else 0
-            if w1 >= 0 and depth[w1 >> 8] > d:
-                d = depth[w1 >> 8]
+            d, d1 = depth[w0 >> 8], depth[w1 >> 8]
+            depth[i] = (d if d > d1 else d1) + 1
         elif len(ins) == 1 and type(ins[0]) is Var:
             w0 = where[ins[0].id]
             refs = here - w0 if w0 >= 0 else w0
-            d = depth[w0 >> 8] if w0 >= 0 else 0
+            depth[i] = depth[w0 >> 8] + 1
         else:
             refs = tuple([(here - where[a.id] if where[a.id] >= 0 else where[a.id])
                           if type(a) is Var else a.key() if values else a.aval.dtype.str
                           for a in ins])
             if not values:
                 lits += [(i, k, a) for k, a in enumerate(ins) if type(a) is Lit]
-            d = max([depth[where[a.id] >> 8] for a in ins
-                     if type(a) is Var and where[a.id] >= 0], default=0)
-        depth.append(d + 1)
-        if not params:
-            ps: Any = ()
-        elif op == "slice":
-            index = params["index"]
-            starts.append((i, tuple([s for s, _, _ in index])))
-            ps = ("slice", tuple([(stop - s, step) for s, stop, step in index]))
-        else:
-            ps = _params_key(op, params)
+            depth[i] = max([depth[where[a.id] >> 8] for a in ins if type(a) is Var],
+                           default=0) + 1
         if len(outs) == 1:
-            out = outs[0]
-            key = (op, ps, out.aval, refs)
+            v = outs[0]
+            where[v.id] = here
+            hit = seen((e.op, id(e.params or None), id(v.aval), refs))
+            if hit is None:
+                hit = _code(e.op, e.params, v.aval, refs)
+                if hit is None:
+                    return None
         elif len(outs) > 255:
             return None
         else:
-            key = (op, ps, tuple([v.aval for v in outs]), refs)
-        try:
-            c = get(key)
-        except TypeError:       # params that cannot be hashed as they are
-            key = (key[0], _params_key(op, params, True)) + key[2:]
-            try:
-                c = get(key)
-            except TypeError:
-                return None
-        if c is None:
-            if len(table) > 1 << 16:
-                table.clear()
-            c = table[key] = next(_NEXT)
-        append(c)
-        if len(outs) == 1:
-            where[outs[0].id] = here
-        else:
             for pos, v in enumerate(outs):
                 where[v.id] = here | pos
-    end = len(graph.eqns) << 8
+            hit = _code(e.op, e.params, tuple([v.aval for v in outs]), refs, False)
+            if hit is None:
+                return None
+        append(hit[0])
+        if hit[3] is not None:
+            starts.append((i, hit[3]))
+    del depth[size:]
+    end = size << 8
     outs = [a.key() if type(a) is Lit else
             (end - where[a.id] if where[a.id] >= 0 else where[a.id]) for a in graph.outvars]
     return codes, starts, lits, outs, where, depth
@@ -151,14 +185,19 @@ def _runs(codes: list):
     (start, period, blocks), in order of their start (for each start, the period of the
     next equal code)."""
     size = len(codes)
-    nxt = [size] * size
-    seen: dict[Any, int] = {}
-    for i in range(size - 1, -1, -1):
-        c = codes[i]
-        nxt[i] = seen.get(c, size)
-        seen[c] = i
+    nxt = None
     for i in range(size):
-        p = nxt[i] - i
+        if i < PROBED:
+            # (most loops start a few equations in: the first starts' next equal codes are
+            # looked up, within the longest period that fits, before a table of them all)
+            try:
+                p = codes.index(codes[i], i + 1, i + 1 + (size - i) // MIN_TRIPS) - i
+            except ValueError:
+                continue
+        else:
+            if nxt is None:
+                nxt = _next_equal(codes)
+            p = nxt[i] - i
         if i + MIN_TRIPS * p <= size and p * MIN_TRIPS >= MIN_EQNS:
             body = codes[i:i + p]
             reps = 1
@@ -167,6 +206,21 @@ def _runs(codes: list):
                 reps += 1
             if reps >= MIN_TRIPS and p * reps >= MIN_EQNS:
                 yield i, p, reps
+
+
+PROBED = 8      # how many starts _runs looks the next equal code up for
+
+
+def _next_equal(codes: list) -> list[int]:
+    """Per position, that of the next equal code (len(codes) if none)."""
+    size = len(codes)
+    nxt = [size] * size
+    seen: dict[Any, int] = {}
+    for i in range(size - 1, -1, -1):
+        c = codes[i]
+        nxt[i] = seen.get(c, size)
+        seen[c] = i
+    return nxt
 
 
 def _run(graph: Graph, named: tuple) -> tuple[Form, int, list] | None:
@@ -611,8 +665,9 @@ def _starts_pattern(starts: list[tuple], i: int, p: int, reps: int) -> tuple | N
         seq = per_pos[q]
         first = seq[0]
         step = steps[q] = tuple([b - a for a, b in zip(first, seq[1])])
-        for k, s in enumerate(seq):
-            if any(x != f + k * d for x, f, d in zip(s, first, step)):
+        count = len(seq)
+        for f, d, col in zip(first, step, zip(*seq)):     # (per index, every block's)
+            if col != (tuple(range(f, f + count * d, d)) if d else (f,) * count):
                 return None
         out.append((q, first, step))
     for j, s in after:

@@ -34,7 +34,7 @@ class Template:
     """A graph with some integers written as a * n + b and some literals taken from the
     traced function's literals outside its loop (see the module docstring)."""
     __slots__ = ("graph", "ints", "n0", "slots", "lits0", "varied", "changed", "_redo",
-                 "_scans")
+                 "_scans", "_bounds", "_retype")
 
     def __init__(self, graph: Graph, ints: dict, n0: int, slots: dict, lits0: list):
         self.graph = graph          # the graph for count n0
@@ -54,6 +54,8 @@ class Template:
         self.changed = sorted(changed)
         self._redo: list[tuple] | None = None   # see _prepare
         self._scans: list[tuple] = []
+        self._bounds: list[tuple] = []
+        self._retype: list[tuple] = []
 
     @classmethod
     def derive(cls, g1: Graph, n1: int, lits1: list, g2: Graph, n2: int, lits2: list
@@ -144,29 +146,20 @@ class Template:
         them). Made for counts at least the least one the template was checked with (jit
         keeps to that); a count giving a negative size or a loop of no steps raises."""
         _check_lits(lits, "instantiate", self.lits0)
-        by_eqn = self._values(n)
         if self._redo is None:
             self._prepare()
-        eqns = self.graph.eqns
-        retyped: dict[int, Any] = {}     # template variable id -> its new type (every one:
-        for at, changes in by_eqn.items():   # a reused step's output feeds a remade one)
-            shapes = None
-            for where, value in changes:
-                if where[0] == "out":
-                    if shapes is None:
-                        shapes = [list(v.aval.shape) for v in eqns[at].outvars]
-                    shapes[where[1]][where[2]] = value
-            if shapes is not None:
-                for v, s in zip(eqns[at].outvars, shapes):
-                    retyped[v.id] = aval(tuple(s), v.aval.dtype)
+        for at, where, a, b in self._bounds:
+            if a * n + b < (1 if where[-1] == "length" else 0):
+                raise ValueError(f"Template.instantiate: count {n} gives {where[-1]} "
+                                 f"{a * n + b} in equation {at} ({self.graph.eqns[at].op})")
+        retyped = {vid: aval(_resized(shape, dims, n), dtype)     # template variable id ->
+                   for vid, shape, dims, dtype in self._retype}   # its new type
         probes: dict[int, Eqn] = {}      # stand-ins for the equations whose steps change
         fns: dict[int, Any] = {}         # or those steps' functions, made directly
-        for at, e, fn in self._redo:
+        for at, e, fn, changes in self._redo:
             params = e.params
-            for where, value in by_eqn.get(at, ()):
-                if where[0] == "param":
-                    params = _set(params, where[1:], value)
-            outs = [retyped.get(v.id, v.aval) for v in e.outvars]
+            for path, a, b in changes:
+                params = _set(params, path, a * n + b)
             if fn is not None:
                 made = restep(e, fn, params, [
                     (retyped[a.id] if a.id in retyped else a.aval).shape if type(a) is Var
@@ -176,58 +169,73 @@ class Template:
                     continue
             ins = [Var(retyped[a.id]) if type(a) is Var and a.id in retyped else a
                    for a in e.inputs]
-            probes[at] = Eqn(e.op, ins, [Var(a) for a in outs], params, e.source)
+            outs = [Var(retyped.get(v.id, v.aval)) for v in e.outvars]
+            probes[at] = Eqn(e.op, ins, outs, params, e.source)
         literals = [(at, k, lits[j]) for (at, (_, k)), j in self.slots.items()]
         for at, k, lit in literals:
             probe = probes.get(at)
             if probe is not None:
                 probe.inputs[k] = lit
-        graph = _Written(self, n, list(lits), by_eqn)
+        graph = _Written(self, n, list(lits))
         size = self._scans[0]
-        for at, old, body in self._scans[1:]:
-            size += (_length_at(by_eqn, at, old) - old) * body
+        for a, b, old, body in self._scans[1:]:
+            size += (a * n + b - old) * body
         graph.__dict__["_unrolled_size"] = size
         graph.__dict__["_program"] = program(self.graph).renewed(
             graph, probes, [(at, k, lit.value) for at, k, lit in literals], fns)
         return graph
 
     def _values(self, n: int) -> dict[int, list]:
-        """Per equation position, its (where, value) integers for count `n` (see `_walk`);
-        raises on a negative size or a loop of no steps."""
+        """Per equation position, its (where, value) integers for count `n` (see `_walk`)."""
         by_eqn: dict[int, list] = {}
         for (at, where), (a, b) in self.ints.items():
-            value = a * n + b
-            if value < (1 if where[-1] == "length" else 0) and (
-                    where[0] == "out" or where[-1] == "length"):
-                raise ValueError(f"Template.instantiate: count {n} gives {where[-1]} "
-                                 f"{value} in equation {at} ({self.graph.eqns[at].op})")
-            by_eqn.setdefault(at, []).append((where, value))
+            by_eqn.setdefault(at, []).append((where, a * n + b))
         return by_eqn
 
     def _prepare(self) -> None:
-        """Which changed equations' steps must be made again at another count: those whose
-        params change, or whose step depends on the shapes (a step that holds at any shape
-        is shared, see interpret.shapeless; every equation's types are checked when the
-        graph is written). Also the unrolled size's parts (what tiering weighs)."""
+        """What instantiate reads, made once: which changed equations' steps must be made
+        again at another count (those whose params change, or whose step depends on the
+        shapes: a step that holds at any shape is shared, see interpret.shapeless; every
+        equation's types are checked when the graph is written) with their params' integers;
+        the types those steps read and make that change with the count; the sizes and
+        lengths that must stay positive; the unrolled size's parts (what tiering weighs)."""
         eqns = self.graph.eqns
-        params_change = {at for at, where in self.ints if where[0] == "param"}
+        changes: dict[int, list] = {}       # position -> its params' (path, a, b)
+        resized: dict[int, dict] = {}       # position -> output -> its shape's (dim, a, b)
+        for (at, where), (a, b) in self.ints.items():
+            if where[0] == "param":
+                changes.setdefault(at, []).append((where[1:], a, b))
+            else:
+                resized.setdefault(at, {}).setdefault(where[1], []).append((where[2], a, b))
+        self._bounds = [(at, where, a, b) for (at, where), (a, b) in self.ints.items()
+                        if where[0] == "out" or where[-1] == "length"]
         prog = program(self.graph)
         redo = []
         for at in self.changed:
             e = eqns[at]
-            if at in params_change or not shapeless(e):
+            if at in changes or not shapeless(e):
                 k = prog.made.get(id(e))
-                redo.append((at, e, prog.steps[k][0] if type(k) is int else None))
+                redo.append((at, e, prog.steps[k][0] if type(k) is int else None,
+                             changes.get(at, [])))
+        # (those of every equation whose types change, not only the remade ones': a reused
+        # step's output feeds a remade one)
+        read = {a.id for _, e, _, _ in redo for a in e.inputs if type(a) is Var}
+        read.update(v.id for _, e, _, _ in redo for v in e.outvars)
+        self._retype = [(v.id, v.aval.shape, tuple(outs[k]), v.aval.dtype)
+                        for at, outs in resized.items()
+                        for k, v in enumerate(eqns[at].outvars) if k in outs and v.id in read]
         scans: list = [unrolled_size(self.graph)]
         for at, e in enumerate(eqns):
-            if e.op == "scan" and (at, ("param", "length")) in self.ints:
-                scans.append((at, e.params["length"], unrolled_size(e.params["body"])))
+            ab = self.ints.get((at, ("param", "length")))
+            if e.op == "scan" and ab is not None:
+                scans.append((*ab, e.params["length"], unrolled_size(e.params["body"])))
         self._scans = scans
         self._redo = redo       # last: instantiate prepares while it is None (threads may race)
 
-    def _write(self, n: int, lits: list, by_eqn: dict[int, list]) -> Graph:
+    def _write(self, n: int, lits: list) -> Graph:
         """The graph for count `n` (see `instantiate`), its equations written out."""
         g = self.graph
+        by_eqn = self._values(n)
         lits_of: dict[int, list] = {}
         for (at, (_, k)), j in self.slots.items():
             lits_of.setdefault(at, []).append((k, lits[j]))
@@ -276,12 +284,12 @@ class Template:
                 graph, self.changed, sorted((at, k) for at, (_, k) in self.slots))
 
 
-def _length_at(by_eqn: dict[int, list], at: int, old: int) -> int:
-    """The length equation `at` (a scan) has in `by_eqn` (see Template._values), else `old`."""
-    for where, value in by_eqn.get(at, ()):
-        if where == ("param", "length"):
-            return value
-    return old
+def _resized(shape: tuple, dims: tuple, n: int) -> tuple:
+    """`shape` with each (dim, a, b) of `dims` made a * n + b."""
+    out = list(shape)
+    for d, a, b in dims:
+        out[d] = a * n + b
+    return tuple(out)
 
 
 _FIELDS = frozenset(("invars", "eqns", "outvars", "constvars", "consts"))
@@ -291,8 +299,8 @@ class _Written(Graph):
     """A template's graph for one count whose equations are written when first read
     (Template.instantiate): running it on the interpreter reads only its Program."""
 
-    def __init__(self, template: Template, n: int, lits: list, by_eqn: dict) -> None:
-        self.__dict__["_source"] = (template, n, lits, by_eqn)
+    def __init__(self, template: Template, n: int, lits: list) -> None:
+        self.__dict__["_source"] = (template, n, lits)
 
     def __getattr__(self, name: str) -> Any:
         if name not in _FIELDS:
@@ -300,8 +308,8 @@ class _Written(Graph):
         with _WRITING:      # (one writer: two would mix two sets of variables)
             d = self.__dict__
             if name not in d:
-                template, n, lits, by_eqn = d["_source"]
-                g = template._write(n, lits, by_eqn)
+                template, n, lits = d["_source"]
+                g = template._write(n, lits)
                 for k in _FIELDS:
                     d[k] = getattr(g, k)
                 del d["_source"]
