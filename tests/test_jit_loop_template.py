@@ -693,3 +693,24 @@ def test_a_literal_that_comes_to_equal_a_map_literal_is_not_templated():
         return tg.sum(tg.stack([a] + m) ** 2) + tg.sum(q)
     step = _check(lambda: tg.value_and_grad(f), (W, xs), [8, 9, 11, 10, 12], static=(2,))
     assert _templated(step)
+
+
+def test_compare_takes_a_shared_param_or_aval_as_equal_and_still_finds_the_integers():
+    """The fast paths of template._compare: one params object (or aval) in both graphs is
+    equal at once; integers that differ beside it are still found."""
+    from tracegrad.ir import Eqn, Graph, Var
+    from tracegrad.ir.fission import aval
+    from tracegrad.ir.template import _compare
+
+    f32 = np.dtype(np.float32)
+    x_type = aval((3,), f32)
+
+    def graph(n: int, shared: list) -> Graph:
+        x, y, z = Var(x_type), Var(x_type), Var(aval((n, 3), f32))
+        return Graph([x], [Eqn("neg", [x], [y], {"w": shared}),
+                           Eqn("broadcast", [y], [z], {"shape": (n, 3)})], [z])
+
+    shared = [np.float32("nan"), {"k": 1}]
+    diffs: dict = {}
+    _compare(graph(4, shared), graph(7, shared), diffs, {})
+    assert diffs == {(1, ("out", 0, 0)): (4, 7), (1, ("param", "shape", 0)): (4, 7)}
