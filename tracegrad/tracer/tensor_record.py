@@ -21,6 +21,7 @@ from .grad_mode import ThreadMode, mode, prune_tape
 from .tensor import Tensor
 
 _new = object.__new__
+_getframe = sys._getframe
 _var_ids = _core._ids     # (Var.__init__'s counter)
 
 
@@ -514,11 +515,11 @@ def _replay1(hit: tuple, name: str, a: Tensor, b: Tensor | None, depth: int,
     node = _new(Node)
     node._eqns = None
     node.tpl = tpl
-    f = sys._getframe(depth)     # the user's line: user_source's common case inline
+    f = _getframe(depth)     # the user's line: user_source's common case inline
     code = f.f_code
     last = _last_site      # (one read: another thread may replace it)
-    info = last[1] if last[0] is code else _site(code)
-    line = info[1].get(f.f_lasti) if info else None
+    lines = last[1] if last[0] is code else _site(code)
+    line = lines.get(f.f_lasti) if lines is not None else None
     node.src = line if line is not None else _new_site(depth + 1)
     node.args = entries
     node.out_vars = (v,)
@@ -578,14 +579,16 @@ def _push(node: Node) -> None:
         prune_tape(st)
 
 
-def _site(code: Any) -> tuple | None:
-    """builder's record of a code object (None: tracegrad's own), kept as the last one looked
-    up: a loop recording ops comes from one function, so most ops skip the lookup."""
+def _site(code: Any) -> dict | None:
+    """builder's record of a code object's lines ({instruction offset: "file:line"}; None:
+    tracegrad's own or not seen yet), kept as the last one looked up: a loop recording ops
+    comes from one function, so most ops skip the lookup."""
     global _last_site
     info = _CODE_SITES.get(id(code))
-    if info:
-        _last_site = (code, info)
-    return info
+    if not info:
+        return None
+    _last_site = (code, info[1])
+    return info[1]
 
 
 _last_site: tuple = (None, None)
