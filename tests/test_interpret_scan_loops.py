@@ -41,7 +41,7 @@ def _graph(body: ir.Graph, n_carry: int, reverse: bool) -> ir.Graph:
     g = scan_graph(body, T, 1, n_carry)
     if reverse:
         (e,) = g.eqns
-        e.params["reverse"] = True
+        e.params = {**e.params, "reverse": True}
     return g
 
 

@@ -131,6 +131,8 @@ class Eqn:
     op: str
     inputs: list[Atom]
     outvars: list[Var]
+    # never changed in place (a rewrite makes a new dict): equations share params dicts (x[t]'s
+    # slices), and memo tables key equations by id(params) (builder, loop_form)
     params: dict[str, Any] = field(default_factory=dict)
     source: str | None = None   # the user's `file:line` that issued the op
 
