@@ -253,4 +253,3 @@ def test_composing_a_plan_pauses_the_collector_and_restores_it(monkeypatch):
     with pytest.raises(RuntimeError, match="composer failed"):
         new_graph(5)
     assert gc.isenabled()
-

@@ -433,7 +433,7 @@ def concatenation(axis: int) -> Callable:
 
 
 def contiguity(steps: Sequence[tuple], known: list) -> tuple[list, set]:
-    """Which `_dot`s of a Program's (or Plan's) `steps` may be `_ndot`: those whose operands are
+    """Which `_dot`s of a scan body's Program `steps` may be `_ndot`: those whose operands are
     contiguous (C or Fortran order) whenever some inputs are. `known` holds per slot -1 if it
     always holds a contiguous array, an input's slot if it does when that input does, else
     None; given for the inputs and constants, it is filled in for the steps' results: those of

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ir.builder import Traced, bind_traced
+from ..ir import emit as E
+from ..ir.builder import Traced
 from . import numpy_api as tnp
 from .indexing import getitem, int_index
 
@@ -21,10 +22,8 @@ METHODS = {
 
 def _matmul(self: Traced, other: Any) -> Any:
     if type(other) is Traced:   # (another traced value cannot be a Tensor: no dispatch)
-        a, b = self.atom.aval, other.atom.aval
-        if (0 < len(a.shape) <= 2 and 0 < len(b.shape) <= 2 and a.dtype is b.dtype
-                and not self.builder.weak_inputs and not other.builder.weak_inputs):
-            return bind_traced("matmul", self, other)     # (tnp.matmul's common case)
+        if 0 < len(self.atom.aval.shape) <= 2 and 0 < len(other.atom.aval.shape) <= 2:
+            return E.matmul(self, other)     # tnp.matmul's common case: no batch dimensions
         return tnp.matmul.raw(self, other)
     return tnp.matmul(self, other)
 
