@@ -184,3 +184,19 @@ def test_replayed_ops_record_the_callers_line():
         a = x @ w; b = tg.tanh(a); c = b.sum()  # noqa: E702
     for t in (a, b, c):
         assert t.grad_fn.eqns[0].source.startswith("test_tensor_fastpath.py:")
+
+
+def test_one_argument_functions_take_every_kind_of_value_and_a_keyword():
+    x0 = np.array([[0.5, -1.0]], np.float32)
+    t = tg.tensor(x0, requires_grad=True)
+    by_keyword = tg.tanh(x=t)
+    assert by_keyword.grad_fn.name() == "TanhBackward0"
+    assert tg.tanh(t).grad_fn.name() == "TanhBackward0"
+    np.testing.assert_array_equal(tg.tanh(x0), np.tanh(x0))
+    np.testing.assert_array_equal(tg.tanh(x=x0), np.tanh(x0))
+    np.testing.assert_allclose(tg.jit(tg.tanh)(x0), np.tanh(x0), rtol=1e-6)   # (native)
+    np.testing.assert_array_equal(tg.exp([0.0, 1.0]), np.exp(np.float32([0.0, 1.0])))
+    with pytest.raises(TypeError):
+        tg.tanh(t, t)
+    by_keyword.sum().backward()
+    np.testing.assert_allclose(t.grad.numpy(), 1 - np.tanh(x0) ** 2, rtol=1e-6)

@@ -470,9 +470,8 @@ def _run_backward(entry: CachedGraph, roots: list, grads: list, in_vals: list, i
         if x.get("post_accumulate"):
             hooked = [leaf] if hooked is None else hooked + [leaf]
     if not retain:      # (nothing was packed: grad_walk and walk leave those to the engine)
-        for n in order:
-            if n.grad:
-                n.freed = True
+        for n in order:     # (all differentiable: grad_walk's, or the tape's)
+            n.freed = True
     mode.state.clear_tape()
     if hooked is not None:      # last, as the engine does
         for leaf in hooked:
@@ -505,23 +504,25 @@ def tape_walk(tape: list, root: Any) -> tuple | None:
         return None
     # Each node of the tape gets `w` = this walk's mark (no other walk's mark or number is
     # equal: they are other bases, plus positions) and `tp` = its reference in the key,
-    # -1 - position, read only where `w` is the mark: no arithmetic on marks per input.
+    # -1 - position, read only where `w` is the mark: no arithmetic on marks per input. The
+    # mark is told by identity (a cheaper test than a comparison of large ints): this int
+    # object lives till the walk ends, so no other one is it.
     mark = next(_bases) << 32
     key = []
     append = key.append
     # var id -> (slot, the AccumulateGrad it goes to, or None); (var id, id(leaf)) -> the same
     # for a second leaf of one variable (see below)
     slots: dict[Any, tuple] = {}
-    for i, n in enumerate(tape):
+    for tp, n in zip(itertools.count(-1, -1), tape):
         sig = n.sig
         if sig is None or n.freed or n.x is not None and not plain_extras(n.x):
             return None
         n.w = mark
-        n.tp = -1 - i
+        n.tp = tp
         append(sig)
         for var, gsrc, vsrc in n.args:
             if type(gsrc) is Node:
-                if gsrc.w == mark and gsrc.out_vars[0] is var:
+                if gsrc.w is mark and gsrc.out_vars[0] is var:
                     append(gsrc.tp)     # (an earlier node: marked before this one)
                     continue
                 return None
@@ -548,7 +549,7 @@ def tape_walk(tape: list, root: Any) -> tuple | None:
             else:
                 return None     # read with and without a gradient
     n = root._fn
-    if n.w != mark or n.out_vars[0] is not root._var:
+    if n.w is not mark or n.out_vars[0] is not root._var:
         return None
     append(n.tp)
     return tuple(key)

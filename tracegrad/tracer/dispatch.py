@@ -36,10 +36,12 @@ def _find_tensor(args: Any) -> type | None:
     return None
 
 
-def op(name: str, traced: Callable | None = None) -> Callable[[Callable], Callable]:
+def op(name: str, traced: Callable | None = None,
+       unary: bool = False) -> Callable[[Callable], Callable]:
     """Mark a `tg` function; `name` is its PyTorch backward name stem (e.g. "Add").
     `traced`: what to call instead when every argument is a traced value (it needs none of
-    the function's conversions), e.g. the IR-level op."""
+    the function's conversions), e.g. the IR-level op. `unary`: the function is `f(x)`, and
+    its wrapper takes `x` alone (no argument tuple and keyword dict made per call)."""
     def wrap(fn: Callable) -> Callable:
         fast = fn if traced is None else traced
 
@@ -70,7 +72,17 @@ def op(name: str, traced: Callable | None = None) -> Callable[[Callable], Callab
                 if t is not None:
                     return t.__tg_function__(fn, name, args, kwargs)
             return fn(*args, **kwargs)
-        inner.grad_name = name
-        inner.raw = fn
-        return inner
+        wrapper = inner
+        if unary:
+            @functools.wraps(fn)
+            def wrapper(x: Any) -> Any:
+                if type(x) is Traced:
+                    return fast(x)
+                record = _unary.get(type(x))
+                if record is not None:
+                    return record(fn, name, x)
+                return inner(x)
+        wrapper.grad_name = name
+        wrapper.raw = fn
+        return wrapper
     return wrap

@@ -76,7 +76,7 @@ def _keep(x: Any, out: Any, axes: tuple[int, ...], keepdims: bool) -> Any:
 # ---- elementwise -------------------------------------------------------------------------------
 
 def _unary(fn, name):
-    @op(name, traced=fn)
+    @op(name, traced=fn, unary=True)
     def f(x: Any) -> Any:
         return fn(_arr(x))
     f.__name__ = fn.__name__
