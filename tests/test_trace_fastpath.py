@@ -48,6 +48,26 @@ def test_every_fast_op_carries_the_users_line():
         assert by_line[9] == ["mul", "reduce_sum"]
 
 
+def test_ops_alternating_between_user_functions_carry_each_ones_line():
+    # user_source starts from the user's code it found last: a call from another function,
+    # or from a helper of the user's called in between, still names its own line
+    line = sys._getframe().f_lineno
+
+    def helper(x):
+        return tg.exp(x)                                    # line + 3
+
+    def f(x):
+        for _ in range(2):
+            x = tg.tanh(x)                                  # line + 7
+            x = helper(x)                                   # line + 8
+            x = x * 2.0                                     # line + 9
+        return tg.sum(x)                                    # line + 10
+
+    g = _graph(f, np.ones(3, np.float32))
+    assert [(op, int(src.split(":")[1]) - line) for op, src in _lines(g)] == \
+        [("tanh", 7), ("exp", 3), ("mul", 9)] * 2 + [("reduce_sum", 10)]
+
+
 def test_xs_t_is_a_slice_and_a_reshape():
     xs = np.arange(12, dtype=np.float32).reshape(3, 1, 4)
     g = _graph(lambda xs: (xs[1], xs[-1], xs[0][0]), xs)

@@ -51,20 +51,32 @@ def user_source(skip: int = 0) -> str | None:
         f = sys._getframe(1 + skip)
     except ValueError:      # fewer frames than skipped (a thread started on an op)
         return None
+    global _last_site
     sites = _CODE_SITES
+    last_code, lines = _last_site     # (one read: another thread may replace it)
     while f is not None:
         code = f.f_code
-        info = sites.get(id(code), False)
-        if info is False:
-            info = _learn_code(code)
-        if info is not None:
+        if code is not last_code:
+            info = sites.get(id(code), False)
+            if info is False:
+                info = _learn_code(code)
+            if info is None:    # ours
+                f = f.f_back
+                continue
             lines = info[1]
-            line = lines.get(f.f_lasti)
-            if line is None:
-                line = lines[f.f_lasti] = f"{info[0]}:{f.f_lineno}"
-            return line
-        f = f.f_back
+            _last_site = (code, lines)
+        line = lines.get(f.f_lasti)
+        if line is None:
+            line = lines[f.f_lasti] = f"{os.path.basename(code.co_filename)}:{f.f_lineno}"
+        return line
     return None
+
+
+# (code object, its {instruction offset: "file:line"}) of the user's frame user_source found
+# last: a loop tracing ops comes from one function, so most lookups end at the first frame
+# looked at. The code object held keeps its id its own; the table stays right for it when
+# _CODE_SITES is emptied.
+_last_site: tuple = (None, None)
 
 
 class _State(threading.local):

@@ -43,9 +43,11 @@ def _unflattener(tree: TreeDef) -> Callable:
 class _Entry:
     out_tree: TreeDef
     run: Callable
+    unflatten: Callable | None = None     # (made from out_tree when not given)
 
     def __post_init__(self) -> None:
-        self.unflatten = _unflattener(self.out_tree)
+        if self.unflatten is None:
+            self.unflatten = _unflattener(self.out_tree)
 
     @property
     def graph(self) -> ir.Graph:
@@ -61,12 +63,13 @@ class _Family:
     short is rolled differently). Graphs that give no template are tried again with the next
     lengths a few times; a template a third length contradicts is given up for good (the
     function is then rolled and differentiated each time, as without one)."""
-    __slots__ = ("out_tree", "first", "counts", "template", "checked", "dead", "least",
-                 "tries", "lock")
+    __slots__ = ("out_tree", "unflatten", "first", "counts", "template", "checked", "dead",
+                 "least", "tries", "lock")
     TRIES = 3
 
     def __init__(self, out_tree: TreeDef):
         self.out_tree = out_tree
+        self.unflatten = _unflattener(out_tree)     # (once: its entries share it)
         self.first: tuple | None = None     # (graph, n, literals) of a first count
         self.counts: tuple = ()             # the two counts the template was made from
         self.template: Template | None = None
@@ -144,6 +147,14 @@ def _fast_key(args: Sequence[Any]) -> tuple[Any, list]:
         else:
             return None, []
     return tuple(key), flat
+
+
+def _arrays_only(args: list) -> bool:
+    """Whether every leaf of `args` is a numpy array."""
+    for a in args:
+        if type(a) is not np.ndarray:
+            return all(type(x) is np.ndarray for x in tree_flatten(tuple(args))[0])
+    return True
 
 
 def _describe(key_part: Any) -> str:
@@ -260,8 +271,8 @@ class Jitted:
         # (arrays only: f's own trace, made outside jit's, must see what jit's trace would;
         # a Python number would be a weak input of one and a Traced of the other)
         if type(traced) is tuple and traced[0] is self.f and self.static and \
-                config.roll_loops and all(type(x) is np.ndarray for x in tree_flatten(
-                    tuple(a for i, a in enumerate(args) if i not in self.static))[0]):
+                config.roll_loops and _arrays_only(
+                    [a for i, a in enumerate(args) if i not in self.static]):
             entry = self._compile_loop(args, key, *traced[1:])
         else:
             tf, _ = trace(self.f, args, self.static, optimized_later=True)
@@ -305,7 +316,8 @@ class Jitted:
             if family is not None and family.checked and n >= family.least and \
                     family.template.fits(lits, form):
                 return _Entry(family.out_tree, compile_graph(
-                    family.template.instantiate(n, lits), tiered=True, optimized=False))
+                    family.template.instantiate(n, lits), tiered=True, optimized=False),
+                    family.unflatten)
         tf, _ = trace(lambda *a: finish(a, started), args, self.static, optimized_later=True)
         if found is not None:
             if family is None:

@@ -184,7 +184,15 @@ cast = astype
 
 # ---- reductions --------------------------------------------------------------------------------
 
-@op("Sum")
+def _sum_all(x: Traced) -> Any:
+    """`sum(x)` of a traced `x`: over every axis (the commonest call), without the keyword
+    and conversion handling."""
+    if x.atom.aval.dtype.kind == "b":
+        return sum.raw(x)
+    return E.reduce_sum(x, range(len(x.atom.aval.shape)))
+
+
+@op("Sum", traced=_sum_all)
 def sum(x: Any, axis: Any = None, keepdims: bool = False, **kw: Any) -> Any:  # noqa: A001
     axis, keepdims = _axis_kw(axis, kw), kw.pop("keepdim", keepdims)
     x = _arr(x)

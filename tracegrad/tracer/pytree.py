@@ -1,15 +1,15 @@
 """Pytrees: nested tuples, lists, dicts and None around array leaves."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 # Extra node types (e.g. Tensor containers) can register (flatten, unflatten) here.
 NODE_TYPES: dict[type, tuple[Callable, Callable]] = {}
 
 
-@dataclass(frozen=True)
-class TreeDef:
+class TreeDef(NamedTuple):
+    """A pytree's structure. A tuple underneath: jit keys its caches by TreeDefs, and a tuple
+    is made, hashed and compared in C (a frozen dataclass does each in Python, per node)."""
     kind: str                      # "leaf", "none", "tuple", "list", "dict", or a registered name
     meta: Any = None               # dict keys, or the registered type
     children: tuple["TreeDef", ...] = ()
@@ -33,6 +33,7 @@ class TreeDef:
 
 
 LEAF = TreeDef("leaf")
+NONE = TreeDef("none")
 
 
 def tree_flatten(tree: Any) -> tuple[list[Any], TreeDef]:
@@ -42,18 +43,18 @@ def tree_flatten(tree: Any) -> tuple[list[Any], TreeDef]:
 
 def _flatten(x: Any, leaves: list[Any]) -> TreeDef:
     if x is None:
-        return TreeDef("none")
+        return NONE
     t = type(x)
     if t is tuple or t is list:
-        return TreeDef(t.__name__, None, tuple(_flatten(c, leaves) for c in x))
+        return TreeDef(t.__name__, None, tuple([_flatten(c, leaves) for c in x]))
     if t is dict:
         keys = tuple(sorted(x, key=repr))
-        return TreeDef("dict", keys, tuple(_flatten(x[k], leaves) for k in keys))
+        return TreeDef("dict", keys, tuple([_flatten(x[k], leaves) for k in keys]))
     if isinstance(x, tuple) and hasattr(x, "_fields"):   # namedtuple
-        return TreeDef("namedtuple", t, tuple(_flatten(c, leaves) for c in x))
+        return TreeDef("namedtuple", t, tuple([_flatten(c, leaves) for c in x]))
     if t in NODE_TYPES:
         children, meta = NODE_TYPES[t][0](x)
-        return TreeDef(t.__name__, (t, meta), tuple(_flatten(c, leaves) for c in children))
+        return TreeDef(t.__name__, (t, meta), tuple([_flatten(c, leaves) for c in children]))
     leaves.append(x)
     return LEAF
 

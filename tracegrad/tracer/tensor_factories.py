@@ -76,7 +76,9 @@ def full(shape: Sequence[int], fill_value: Any, dtype: Any = None,
 
 
 def zeros(*shape: Any, dtype: Any = None, requires_grad: bool = False) -> Any:
-    if dtype is None and not requires_grad and not _state.stack:
+    if dtype is None and not requires_grad:
+        if _state.stack:    # in a trace: what full_traced makes
+            return E.full(_shape(shape), 0, float32)
         try:
             return Tensor._leaf(np.zeros(shape, float32))     # zeros(2, 3), zeros((2, 3))
         except TypeError:

@@ -40,7 +40,7 @@ def _leaf_ranges(args: Sequence[Any], static: Sequence[int] = ()) -> list[range]
     """The flat leaf indices of each positional argument (static ones have none)."""
     out, start = [], 0
     for i, a in enumerate(args):
-        n = 0 if i in static else len(tree_flatten(a)[0])
+        n = 0 if i in static else 1 if type(a) is np.ndarray else len(tree_flatten(a)[0])
         out.append(range(start, start + n))
         start += n
     return out
@@ -91,8 +91,12 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
         static = _static_ints(args, nums)
         ranges = _leaf_ranges(args, static)
         wrt = [i for n in nums for i in ranges[n]]
-        _check_float(flatten_args([a for i, a in enumerate(args) if i not in static])[0],
-                     wrt, "grad")
+        dyn = [a for i, a in enumerate(args) if i not in static]
+        for a in dyn:
+            if type(a) is not np.ndarray or a.dtype.kind == "O":
+                dyn = flatten_args(dyn)[0]
+                break
+        _check_float(dyn, wrt, "grad")     # (numeric arrays only: each its own leaf)
         tf, leaves = trace(f, args, static)
         return tf, leaves, Started(nums, static, ranges, wrt)
 
