@@ -9,10 +9,14 @@ reverse pass's, the operands of a weight's merged gradient (one matmul of concat
 `derive` aligns the two plans' steps (by everything but their integers) into fixed steps and
 runs of blocks, writes every slot number as a * n + b (a run's k-th block adding k * stride),
 and refuses anything else: a step type that differs, an integer not linear in n, a stride
-that differs, a template that does not give back both plans. For another length n >= n1 of
-the form, `Template.plan` writes the plan step for step as compose would (the same
-functions over the same slots, so the same bits), the composer's own concatenations and
-products made again by autograd_compose._synth at their new shapes.
+that differs, a template that does not give back the second plan. For another length
+n >= n1 of the form, `Template.plan` writes the plan step for step as compose would (the
+same functions over the same slots, so the same bits), the composer's own concatenations,
+transposes and products made again by autograd_compose._synth at their new types. That
+compose makes plans alike at lengths beyond n2 is what a template assumes; `check` composes
+anyway and compares (the tests run it over loop programs at many lengths). Not templated: a
+step reading a value made before the loop (its reference in the key grows with the step),
+a plan whose walk order is not the tape's, a second leaf of one variable.
 
 A form with n fixes the tape's key, so a template is used exactly where _tape_plans would be
 asked (after tape_walk vouched for the tape). Inputs are numbered in tape order (where the
@@ -31,13 +35,14 @@ from .autograd_compose import Plan, _synth, _synthetic
 # gradient (its slot is the number of inputs read before), and a second leaf's.
 NEW, NEW_WRT, NEW_OWN = -1 << 50, -(1 << 50) - 1, -(1 << 50) - 2
 MIN_REPS = 3        # a form's block repeats at least this often
+PREFIX = 256        # entries of a key before its block, at most
 ATTEMPTS = 2        # derivations tried per form before it is left to compose
 FORMS = 256         # forms remembered (their samples and templates)
 check = False       # compose anyway and compare with the template (tests, debugging)
 
 
 class _Refused(Exception):
-    pass
+    """The plans differ other than a template allows."""
 
 
 class Template:
@@ -217,9 +222,10 @@ _shapes: list = []      # (prefix length, block length, suffix length) of the fo
 
 def find_form(key: tuple) -> tuple | None:
     """(form, n): the key's first run of >= MIN_REPS equal blocks, as (prefix, block, suffix)
-    and how often the block repeats; None if it has none."""
+    and how often the block repeats; None if it has none starting in its first PREFIX
+    entries (a bound on the search, which every backward composed makes)."""
     size = len(key)
-    for i in range(size):
+    for i in range(min(size, PREFIX)):
         try:
             j = key.index(key[i], i + 1, i + 1 + (size - i) // MIN_REPS)
         except ValueError:
