@@ -179,7 +179,7 @@ def _synth_step(s: tuple, dn: int, steps: list, meta: list, made: dict) -> None:
     te = hit[1]
     v = te.outvars[0].aval
     made[(v.shape, v.dtype)] = v
-    steps.append((hit[0], args, _out(out, dn), len(args)))
+    steps.append((hit[0], args, _out(out, dn), len(args) if len(out) == 2 else -1))
     meta.append((te, src, of))
 
 
