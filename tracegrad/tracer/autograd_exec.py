@@ -16,7 +16,9 @@ import numpy as np
 
 from .. import ir
 from ..ir.core import Var
+from . import autograd_template
 from .autograd_compose import NoTemplate, Plan, compose, compose_graph
+from .autograd_template import NEW as _NEW, NEW_OWN as _NEW_OWN, NEW_WRT as _NEW_WRT
 from .autograd_graph import (AccumulateGrad, Inplace, Node, check_saved, plain_extras,
                              rename_input)
 from ..config import config
@@ -384,6 +386,8 @@ def fast_backward(roots: list, grads: list, retain: bool, collect: dict | None =
     found = tape_walk(tape, roots[0]) if len(roots) == 1 else None
     if found is not None:
         known = _tape_plans.get(found)
+        if known is None:
+            known = _from_template(found, tape, roots[0])
         if known is not None:
             ins = _tape_inputs(tape, known)
             if ins is not None:
@@ -426,7 +430,9 @@ def fast_backward(roots: list, grads: list, retain: bool, collect: dict | None =
         if key is not None:
             _grad_graphs.put(key, entry)
     if found is not None and key is not None:
-        _tape_plans.put(found, _tape_recipe(tape, w, entry))
+        recipe = _tape_recipe(tape, w, entry)
+        _tape_plans.put(found, recipe)
+        autograd_template.learn(found, tape, roots[0], recipe)
     _run_backward(entry, roots, grads, w.in_vals, w.in_gsrc, w.order, retain, collect)
     return True
 
@@ -487,8 +493,12 @@ def tape_walk(tape: list, root: Any) -> tuple | None:
     its last backward, in recording order; see tensor_record) ending at tensor `root`; None if
     the tape cannot vouch for what grad_walk would find. Per node: its signature (which fixes
     its IR and number of inputs), then per input a reference to an earlier node of the tape
-    (`-1 - position`) or an input slot (numbered by variable, with _WRT if gradients flow
-    into it); then the root's position. One pass in recording order, no search or sort.
+    (`its position - this node's`, < 0) or to an input slot: _NEW or _NEW_WRT (if gradients
+    flow into it) where a variable is first read, its slot later (slots are numbered in the
+    order of first reads, with _WRT if gradients flow); then the root's position less the
+    tape's length. One pass in recording order, no search or sort. (The references are
+    relative so that the keys of a loop's tapes at two lengths differ only in how many times
+    the loop's block repeats: see autograd_template.)
 
     Two tapes with one key hold graphs that grad_walk finds alike and walks alike (a walk
     follows only nodes of the tape, and recording order is creation order), so a backward
@@ -503,27 +513,27 @@ def tape_walk(tape: list, root: Any) -> tuple | None:
     if not tape or tape[0].epoch != Inplace.epoch:
         return None
     # Each node of the tape gets `w` = this walk's mark (no other walk's mark or number is
-    # equal: they are other bases, plus positions) and `tp` = its reference in the key,
-    # -1 - position, read only where `w` is the mark: no arithmetic on marks per input. The
-    # mark is told by identity (a cheaper test than a comparison of large ints): this int
-    # object lives till the walk ends, so no other one is it.
+    # equal: they are other bases, plus positions) and `tp` = its position, read only where
+    # `w` is the mark: no arithmetic on marks per input. The mark is told by identity (a
+    # cheaper test than a comparison of large ints): this int object lives till the walk
+    # ends, so no other one is it.
     mark = next(_bases) << 32
     key = []
     append = key.append
     # var id -> (slot, the AccumulateGrad it goes to, or None); (var id, id(leaf)) -> the same
     # for a second leaf of one variable (see below)
     slots: dict[Any, tuple] = {}
-    for tp, n in zip(itertools.count(-1, -1), tape):
+    for i, n in enumerate(tape):
         sig = n.sig
         if sig is None or n.freed or n.x is not None and not plain_extras(n.x):
             return None
         n.w = mark
-        n.tp = tp
+        n.tp = i
         append(sig)
         for var, gsrc, vsrc in n.args:
             if type(gsrc) is Node:
                 if gsrc.w is mark and gsrc.out_vars[0] is var:
-                    append(gsrc.tp)     # (an earlier node: marked before this one)
+                    append(gsrc.tp - i)     # (an earlier node: marked before this one)
                     continue
                 return None
             if gsrc is None:
@@ -533,9 +543,12 @@ def tape_walk(tape: list, root: Any) -> tuple | None:
                 return None
             seen = slots.get(var.id)
             if seen is None:
-                k = len(slots) if gsrc is None else len(slots) | _WRT
-                slots[var.id] = (k, gsrc)
-                append(k)
+                if gsrc is None:
+                    slots[var.id] = (len(slots), None)
+                    append(_NEW)
+                else:
+                    slots[var.id] = (len(slots) | _WRT, gsrc)
+                    append(_NEW_WRT)
             elif seen[1] is gsrc:
                 append(seen[0])
             elif gsrc is not None and seen[1] is not None:
@@ -544,18 +557,32 @@ def tape_walk(tape: list, root: Any) -> tuple | None:
                 own = (var.id, id(gsrc))
                 seen = slots.get(own)
                 if seen is None:
-                    seen = slots[own] = (len(slots) | _WRT, gsrc)
-                append(seen[0])
+                    slots[own] = (len(slots) | _WRT, gsrc)
+                    append(_NEW_OWN)
+                else:
+                    append(seen[0])
             else:
                 return None     # read with and without a gradient
     n = root._fn
     if n.w is not mark or n.out_vars[0] is not root._var:
         return None
-    append(n.tp)
+    append(n.tp - len(tape))
     return tuple(key)
 
 
 _bases = itertools.count(1)     # walks number nodes from base = next(_bases) << 32
+
+
+def _from_template(key: tuple, tape: list, root: Any) -> tuple | None:
+    """The _tape_plans entry for a tape not seen before that a plan template writes (a
+    loop's tape at another length: see autograd_template), kept there; else None."""
+    made = autograd_template.plan_for(key, tape, root)
+    if made is None:
+        return None
+    plan, wrt, where = made
+    known = (CachedGraph(None, wrt, optimized=False, plan=plan), where, None)
+    _tape_plans.put(key, known)
+    return known
 
 
 def _tape_recipe(tape: list, w: Walk, entry: CachedGraph) -> tuple:
