@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from sys import _getframe
 from typing import Any, Sequence
 
 import numpy as np
@@ -330,7 +331,24 @@ def bind_traced(op: str, x: Traced | Lit, y: Traced | Lit | None = None,
                 e.inputs = inputs
                 e.outvars = [out]
                 e.params = params or {}
-                e.source = b.source_override or user_source(2)
+                src = b.source_override
+                if src is None:
+                    # user_source(2)'s common case inline: the op function's caller, or its
+                    # caller's when that one is ours too (`x @ W`, `tg.tanh(x)`, `xs[t]`), is
+                    # the user's function it found last
+                    try:
+                        f = _getframe(2)
+                    except ValueError:      # (a thread started on an op function)
+                        f = None
+                    last = _last_site       # (one read: another thread may replace it)
+                    if f is not None and f.f_code is not last[0] and \
+                            _CODE_SITES.get(id(f.f_code), False) is None:
+                        f = f.f_back
+                    src = (last[1].get(f.f_lasti) if f is not None and f.f_code is last[0]
+                           else None)
+                    if src is None:
+                        src = user_source(2)
+                e.source = src
                 b.eqns.append(e)
                 t = _new(Traced)
                 t.builder = b
