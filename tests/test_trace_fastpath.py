@@ -85,6 +85,30 @@ def test_xs_t_is_a_slice_and_a_reshape():
             _graph(lambda xs: xs[-4], xs)
 
 
+def test_params_named_by_a_token_find_the_rule_bind_finds():
+    # bind_traced's `token` (x[t]'s params) keys the rule table in place of the params: the
+    # first equation under a token, the one after the table is emptied, and the later ones
+    # all have the types bind gives
+    from tracegrad.ir import builder
+    from tracegrad.ir.builder import bind_traced, params_token
+    params, token = {"shape": (2, 3)}, params_token()
+    for emptied in (False, True, False):
+        if emptied:
+            builder._RULES_BY_ID.clear()
+            builder._RULES.clear()
+        b = Builder()
+        with b:
+            x = b.new_input(tg.ir.Aval((6,), f32))
+            outs = [bind_traced("reshape", x, params=params, token=token) for _ in range(2)]
+            want = bind("reshape", x, **params)
+        assert [o.aval for o in outs] == [want.aval] * 2
+        assert b.eqns[1].params is params and b.eqns[0].params == params
+    with Builder() as b:     # a shape the rule rejects says so, token or not
+        x = b.new_input(tg.ir.Aval((5,), f32))
+        with pytest.raises(tg.ir.ShapeError, match="reshape"):
+            bind_traced("reshape", x, params=params, token=token)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.bool_])
 @pytest.mark.parametrize("scalar", [2, 2.5, True])
 def test_python_numbers_promote_as_before(dtype, scalar):

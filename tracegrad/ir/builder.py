@@ -6,9 +6,11 @@ builder is active and no argument is traced, evaluates the numpy reference eager
 """
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
+from sys import _getframe
 from typing import Any, Sequence
 
 import numpy as np
@@ -296,11 +298,12 @@ def bind(op: str, *args: Any, **params: Any) -> Any:
 
 
 def bind_traced(op: str, x: Traced | Lit, y: Traced | Lit | None = None,
-                params: dict | None = None) -> Traced:
+                params: dict | None = None, token: int | None = None) -> Traced:
     """`bind(op, x)` or `bind(op, x, y)` for a single-output `op` on traced values or
     literals, with `params` (hashable, normalised as `bind`'s callers would; the equation keeps
     the dict): the ops most steps are made of (`tanh(h @ W + b)`, `xs[t]`, `2.0 * x`).
-    Equations of types seen before are written directly, the rest goes through `bind`. For
+    Equations of types seen before are written directly, the rest goes through `bind`.
+    `token`: an int from `params_token` naming `params` (no hashing them per equation). For
     tracegrad's op functions only: the user's line is looked for above the caller."""
     stack = _state.stack
     if stack:
@@ -317,8 +320,14 @@ def bind_traced(op: str, x: Traced | Lit, y: Traced | Lit | None = None,
             inputs = [ax, ay]
         if key is not None:
             if params:
-                key = (key, tuple(params.items()))
+                key = (key, tuple(params.items()) if token is None else token)
             hit = _RULES_BY_ID.get(key)
+            if hit is None and token is not None and params:
+                # the first equation of its type under this token: the rule as remembered
+                # by the params (by `bind`, for an earlier equation), or bind's below
+                hit = _RULES_BY_ID.get((key[0], tuple(params.items())))
+                if hit is not None:
+                    remember(_RULES_BY_ID, key, hit, 16384)
             if hit is not None:
                 # the variable, equation and traced value written directly (a constructor
                 # call each costs about twice the slot stores: a few percent of a trace)
@@ -330,7 +339,24 @@ def bind_traced(op: str, x: Traced | Lit, y: Traced | Lit | None = None,
                 e.inputs = inputs
                 e.outvars = [out]
                 e.params = params or {}
-                e.source = b.source_override or user_source(2)
+                src = b.source_override
+                if src is None:
+                    # user_source(2)'s common case inline: the op function's caller, or its
+                    # caller's when that one is ours too (`x @ W`, `tg.tanh(x)`, `xs[t]`), is
+                    # the user's function it found last
+                    try:
+                        f = _getframe(2)
+                    except ValueError:      # (a thread started on an op function)
+                        f = None
+                    last = _last_site       # (one read: another thread may replace it)
+                    if f is not None and f.f_code is not last[0] and \
+                            _CODE_SITES.get(id(f.f_code), False) is None:
+                        f = f.f_back
+                    src = (last[1].get(f.f_lasti) if f is not None and f.f_code is last[0]
+                           else None)
+                    if src is None:
+                        src = user_source(2)
+                e.source = src
                 b.eqns.append(e)
                 t = _new(Traced)
                 t.builder = b
@@ -338,6 +364,16 @@ def bind_traced(op: str, x: Traced | Lit, y: Traced | Lit | None = None,
                 return t
     params = params or {}
     return bind(op, x, **params) if y is None else bind(op, x, y, **params)
+
+
+_TOKENS = itertools.count()
+
+
+def params_token() -> int:
+    """A new int for `bind_traced` to name a params dict by: its caller keeps the pair (the
+    same token for equal params, never one token for two), and tokens are never handed out
+    twice."""
+    return next(_TOKENS)
 
 
 def _eager_or_owner(op: str, args: Sequence[Any]) -> Builder | None:

@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 
 from ..ir import emit as E
-from ..ir.builder import Traced, bind_traced
+from ..ir.builder import Traced, bind_traced, params_token
 from ..ir.core import remember
 from .dispatch import op
 
@@ -36,8 +36,9 @@ def _expand(index: Any, ndim: int) -> list[Any]:
 
 
 # (shape, int index) -> the params of x[index]'s slice (None if there is nothing to cut) and
-# reshape; equations share them, as they share a rule's params when autodiff replays it
-_INT_INDEX: dict[tuple, tuple[dict | None, dict]] = {}
+# reshape, each with its bind_traced token; equations share them, as they share a rule's
+# params when autodiff replays it
+_INT_INDEX: dict[tuple, tuple[dict | None, int, dict, int]] = {}
 
 
 def int_index(x: Traced, index: int) -> Any:
@@ -55,10 +56,11 @@ def int_index(x: Traced, index: int) -> Any:
         i = index % n
         cut = ({"index": ((i, i + 1, 1),) + tuple((0, d, 1) for d in shape[1:])}
                if n != 1 else None)
-        params = remember(_INT_INDEX, (shape, index), (cut, {"shape": shape[1:]}))
+        params = remember(_INT_INDEX, (shape, index),
+                          (cut, params_token(), {"shape": shape[1:]}, params_token()))
     if params[0] is not None:
-        x = bind_traced("slice", x, params=params[0])
-    return bind_traced("reshape", x, params=params[1])
+        x = bind_traced("slice", x, params=params[0], token=params[1])
+    return bind_traced("reshape", x, params=params[2], token=params[3])
 
 
 @op("Index")
