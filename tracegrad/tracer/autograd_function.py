@@ -137,7 +137,7 @@ class Function:
             fresh = [record(_identity, "", (o,), {}) if isinstance(o, Tensor) else o
                      for o in outs]
         out_vars = [f._var for f in fresh if isinstance(f, Tensor)]
-        node = Node([], entries, out_vars, requires, f"{cls.__name__}Backward")
+        node = Node.make([], entries, out_vars, requires, f"{cls.__name__}Backward")
         node.fn_ctx = ctx
         ctx._node = node
         results = []

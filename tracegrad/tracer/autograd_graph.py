@@ -160,8 +160,12 @@ class Node:
     __slots__ = ("_eqns", "tpl", "src", "args", "out_vars", "values", "name_", "grad",
                  "_saved", "freed", "sig", "epoch", "x", "w", "tp", "__weakref__")
 
-    def __init__(self, eqns: list | None, args: list, out_vars: list, grad: bool,
-                 name: str = "", tpl: tuple | None = None, src: str | None = None):
+    # No __init__: `Node()` makes an empty one, a third cheaper than `object.__new__(Node)`
+    # (recording's fast path fills the slots itself: tensor_record._replay1); `make` fills it.
+    @staticmethod
+    def make(eqns: list | None, args: list, out_vars: list, grad: bool, name: str = "",
+             tpl: tuple | None = None, src: str | None = None) -> Node:
+        self = Node()
         self._eqns = eqns
         self.tpl = tpl          # the template a node was recorded from (tensor_record.record)
         self.src = src          # the user's line that recorded it
@@ -177,6 +181,7 @@ class Node:
         self.x: _Extras | None = None
         self.w = -1     # a mark of the last walk that numbered it (autograd_exec)
         # (tp: its reference in the key of the last tape_walk that marked it, set with w)
+        return self
 
     @property
     def saved(self) -> list[SavedTensor] | None:

@@ -223,7 +223,7 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
     if deps:
         entries.extend(deps)
     requires = grad_on and any(e[1] is not None for e in entries)
-    node = Node(eqns, entries, [v for v in out_vars if v is not None], False, "",
+    node = Node.make(eqns, entries, [v for v in out_vars if v is not None], False, "",
                 None if sig is None else tpl, source)
     results = _results(node, out_vars, requires)
     if sig is not None:
@@ -374,7 +374,7 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
             entries.append((a._var, None, a._node if val is None else val))
     if aval is None:
         out_vars = _out_vars(tpl[2])
-        node = Node(None, entries, [v for v in out_vars if v is not None], False, "", tpl,
+        node = Node.make(None, entries, [v for v in out_vars if v is not None], False, "", tpl,
                     user_source(depth - 1))
         results = _results(node, out_vars, requires)
         node.sig = sig + node.grad
@@ -392,7 +392,7 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
     v = _new(Var)     # one output: the variable, node and tensor are made here directly
     v.aval = aval
     v.id = next(_core._ids)
-    node = _new(Node)
+    node = Node()
     node._eqns = None
     node.tpl = tpl
     f = sys._getframe(depth - 1)     # the user's line: user_source's common case inline
@@ -512,7 +512,7 @@ def _replay1(hit: tuple, name: str, a: Tensor, b: Tensor | None, depth: int,
     v = _new(Var)
     v.aval = aval
     v.id = next(_var_ids)
-    node = _new(Node)
+    node = Node()
     node._eqns = None
     node.tpl = tpl
     f = _getframe(depth)     # the user's line: user_source's common case inline
