@@ -353,7 +353,7 @@ def test_repeated_structure_reuses_one_cached_graph():
         assert w.grad.shape == (3, 3)
         w.grad = None
     assert len(autograd_exec._grad_graphs.items) == 1
-    entry = next(iter(autograd_exec._grad_graphs.items.values()))
+    entry = next(iter(autograd_exec._grad_graphs.values()))
     assert entry.fn is not None or entry.spent > 0
 
 
@@ -405,3 +405,15 @@ def test_composed_backward_of_a_loop_matches_the_node_by_node_engine():
     slow = _loop_grads(True)
     for a, b in zip(fast, slow):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_graph_caches_drop_the_least_recently_used():
+    cache = autograd_exec._LRU(3)
+    for k in "abc":
+        cache.put(k, k.upper())
+    assert cache.get("a") == "A"        # a used again: b is now the oldest
+    cache.put("d", "D")
+    assert cache.get("b") is None
+    assert [cache.get(k) for k in "acd"] == ["A", "C", "D"]
+    cache.put("e", "E")                 # a, c, d just used in that order: a goes
+    assert cache.get("a") is None and sorted(cache.values()) == ["C", "D", "E"]

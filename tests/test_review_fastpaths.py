@@ -38,7 +38,7 @@ def test_merged_weight_gradient_of_ragged_batches_is_well_typed():
     autograd_exec._tape_plans.items.clear()
     W, ref = _ragged_weight_grad(lambda a, rg: tg.tensor(a, requires_grad=rg))
     np.testing.assert_allclose(W.grad.numpy(), ref, rtol=1e-4, atol=1e-5)  # (the Plan is right)
-    plans = [e.plan for e in autograd_exec._grad_graphs.items.values() if e.plan is not None]
+    plans = [e.plan for e in autograd_exec._grad_graphs.values() if e.plan is not None]
     assert plans
     for plan in plans:
         tg.ir.verify(plan.graph())

@@ -6,7 +6,6 @@ one-graph backward pass used when no hook needs to see intermediate gradients (i
 composed from per-op backward templates, see autograd_compose)."""
 from __future__ import annotations
 
-import collections
 import gc
 import itertools
 import time
@@ -274,23 +273,37 @@ def _compiler() -> Any:
 
 
 class _LRU:
+    """A dict of at most `size` entries, the least recently used dropped first. A hit stamps
+    its entry with a clock rather than moving it to the end (OrderedDict.move_to_end hashes
+    and compares the key again: a tape's key is a tuple of hundreds of ints); a put past
+    `size` looks for the oldest stamp."""
+
     def __init__(self, size: int):
         self.size = size
-        self.items: collections.OrderedDict = collections.OrderedDict()
+        self.items: dict = {}       # key -> [value, stamp]
+        self.clock = 0
 
     def get(self, key: Any) -> Any:
-        hit = self.items.get(key)
-        if hit is not None:
-            try:
-                self.items.move_to_end(key)
-            except KeyError:    # another thread's put evicted it meanwhile: still a hit
-                pass
-        return hit
+        entry = self.items.get(key)
+        if entry is None:
+            return None
+        self.clock = entry[1] = self.clock + 1    # (a race only misorders two stamps)
+        return entry[0]
 
     def put(self, key: Any, value: Any) -> None:
-        self.items[key] = value
+        self.clock += 1
+        self.items[key] = [value, self.clock]
         if len(self.items) > self.size:
-            self.items.popitem(last=False)
+            entries = list(self.items.items())      # (atomic: another thread may put)
+            oldest = min(entries, key=_stamp)[0]
+            self.items.pop(oldest, None)
+
+    def values(self) -> list:
+        return [entry[0] for entry in list(self.items.values())]
+
+
+def _stamp(item: tuple) -> int:
+    return item[1][1]
 
 
 REALIZE_PRUNE = 32     # tape length from which reading a value prunes it (see realize)
