@@ -59,7 +59,7 @@ def test_plan_and_its_ir_graph_compute_the_same():
     autograd_exec._tape_plans.items.clear()
     autograd_template._forms.clear()     # (composed, not written from a template)
     rnn_grads(4, w0, w0, xs0)
-    (entry,) = autograd_exec._grad_graphs.items.values()
+    (entry,) = autograd_exec._grad_graphs.values()
     assert isinstance(entry.plan, autograd_compose.Plan)
     W = tg.tensor(w0, requires_grad=True)
     U = tg.tensor(w0, requires_grad=True)
@@ -83,7 +83,7 @@ def test_weight_gradient_products_merge_into_one_matmul():
     rng = np.random.default_rng(1)
     w0 = rng.standard_normal((4, 4)).astype(np.float32)
     rnn_grads(6, w0, w0, rng.standard_normal((6, 1, 4)).astype(np.float32))
-    (entry,) = autograd_exec._grad_graphs.items.values()
+    (entry,) = autograd_exec._grad_graphs.values()
     ops = [e.op for e in entry.plan.graph().eqns]
     # forward 6 x (2 matmuls); backward: 5 steps' h-gradients, one merged product per weight
     assert ops.count("matmul") == 12 + 5 + 2

@@ -97,7 +97,7 @@ def test_fresh_outputs_are_found_as_by_a_scan_of_all_steps():
     for T in (1, 3, 6):
         rnn(T, W, U, xs).backward()
     (W * 1.0).reshape(16).sum().backward()     # a gradient that is a reshape (a view)
-    plans = [e.plan for e in autograd_exec._grad_graphs.items.values()]
+    plans = [e.plan for e in autograd_exec._grad_graphs.values()]
     assert len(plans) == 4
     for p in plans:
         fresh = {out for fn, _, out, n in p.steps if n >= 0 and fn in autograd_compose._FRESH}
