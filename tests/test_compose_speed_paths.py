@@ -111,3 +111,35 @@ def test_composer_made_types_leave_other_cases_to_the_rule():
     assert autograd_compose._synth_type("matmul", (Aval((2, 3), f32), Aval((3, 2), i32))) is None
     assert autograd_compose._synth_type("matmul", (Aval((2, 3), i32), Aval((3, 2), i32))) is None
     assert autograd_compose._synth_type("transpose", (Aval((2, 3, 4), f32),)) is None
+
+
+@pytest.mark.parametrize("body", ["plain", "right", "shared", "types"])
+def test_plan_matmuls_skip_their_checks_only_while_the_inputs_are_contiguous(monkeypatch, body):
+    """A plan's matmuls whose operands are contiguous when its inputs are run as
+    np.ndarray.dot (no _dot frame, no flags read); a call with an input in neither order runs
+    them as _dot again. Both must compute what ir.Program computes for the plan's graph."""
+    rng = np.random.default_rng(7)
+    w, u, w2 = ((rng.standard_normal((N, N)) / 2).astype(np.float32) for _ in range(3))
+    xs = rng.standard_normal((5, 1, N)).astype(np.float32)
+    autograd_exec._tape_plans.items.clear()
+    plans = _composed(monkeypatch)
+    W, U, W2 = (tg.tensor(a, requires_grad=True) for a in (w, u, w2))
+    _loss(5, W, U, W2, [tg.tensor(x) for x in xs], body).backward()
+    plan, = plans
+    dots = [s for s in plan.steps if s[0] is autograd_compose._ndot]
+    assert plan.dots and len(dots) >= 5
+    if body == "plain":     # every operand: an input, a matmul's or tanh's result, W.T
+        assert not any(s[0] is autograd_compose._dot for s in plan.steps)
+    checked = []
+    real = autograd_compose._checked
+    monkeypatch.setattr(autograd_compose, "_checked", lambda s: checked.append(1) or real(s))
+    args = [rng.standard_normal(v.aval.shape).astype(np.float32) for v in plan.in_vars]
+    strided = [np.repeat(a, 2, axis=-1)[..., ::2] if a.ndim == 2 else a for a in args]
+    assert not all(a.flags.forc for a in strided)
+    for ins, fallback in ((args, False), (strided, True), (args, False)):
+        outs = plan(ins)
+        assert bool(checked) == fallback
+        checked.clear()
+        refs = autograd_exec.execute_interpreted(plan.graph(), ins)
+        for o, r in zip(outs, refs, strict=True):
+            np.testing.assert_array_equal(o, r)

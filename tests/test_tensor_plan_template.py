@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tracegrad as tg
-from tracegrad.tracer import autograd_exec, autograd_template
+from tracegrad.tracer import autograd_compose, autograd_exec, autograd_template
 from tracegrad.tracer.grad_mode import mode
 
 H = 6
@@ -126,6 +126,15 @@ def test_a_written_plan_computes_what_its_ir_graph_does(fresh):
     by_graph = tg.ir.interpret(plan.graph(), args)
     assert len(by_plan) == len(by_graph) == 1 + len(wrt)
     for a, b in zip(by_plan, by_graph):
+        np.testing.assert_array_equal(a, b)
+    # its matmuls are np.ndarray.dot, as the composed plans' (the merged weight gradients'
+    # too), and they run checked for inputs not contiguous
+    assert plan.dots and not any(s[0] is autograd_compose._dot for s in plan.steps)
+    args = [np.asfortranarray(np.repeat(a, 2, axis=-1)[..., ::2]) if a.ndim == 2 else a
+            for a in args]
+    args[0] = np.repeat(args[0], 2, axis=-1)[..., ::2]
+    assert not args[0].flags.forc
+    for a, b in zip(plan(args), tg.ir.interpret(plan.graph(), args)):
         np.testing.assert_array_equal(a, b)
     loss.backward()
 

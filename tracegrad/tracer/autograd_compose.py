@@ -27,6 +27,7 @@ from .autograd_graph import instantiate
 _interp = importlib.import_module("tracegrad.ir.interpret")    # (ir.interpret: a function)
 _step_fn = _interp._step_fn     # the numpy function ir.Program runs for an equation
 _flip = _interp._flip           # a 2-d transpose
+_dot, _ndot = _interp._dot, _interp._ndot     # a 2-d matmul, and one of contiguous operands
 _errors_off, _errors_back = _interp.errors_off, _interp.errors_back     # (np.errstate, cheaply)
 
 _recipes: dict = {}     # template sig id -> forward recipe (None: not plannable)
@@ -359,14 +360,21 @@ class Plan:
     """Numpy steps over slots computing a composed graph: `plan(args)` runs them as ir.Program
     would run the graph (the same numpy function per equation, so the same bits), and
     `plan.graph()` writes the graph as IR when it is to be compiled."""
-    __slots__ = ("init", "steps", "meta", "outs", "n_in", "in_vars", "consts", "_graph")
+    __slots__ = ("init", "steps", "meta", "outs", "n_in", "in_vars", "consts", "_graph",
+                 "dots")
 
     def __call__(self, args: list) -> list:
         env = self.init.copy()
         env[:self.n_in] = args
+        steps = self.steps
+        if self.dots:   # its _ndots rest on the inputs being contiguous (see _contiguous_dots)
+            for a in args:
+                if not a.flags.forc:
+                    steps = _checked(steps)
+                    break
         token = _errors_off()
         try:
-            for fn, ins, out, n in self.steps:
+            for fn, ins, out, n in steps:
                 if n == 2:
                     env[out] = fn(env[ins[0]], env[ins[1]])
                 elif n == 1:
@@ -735,7 +743,28 @@ class _Composer:
         p.consts = self.consts
         p._graph = None
         p.outs = [(k, k in fresh and outs.index(k) == j) for j, k in enumerate(outs)]
+        p.dots = _contiguous_dots(steps, p.n_in, init)
         return p
+
+
+def _contiguous_dots(steps: list, n_in: int, init: list) -> bool:
+    """Make `_ndot` (np.ndarray.dot, without _dot's frame and its two looks at the operands'
+    flags: the same BLAS call) every `_dot` of `steps` whose operands are contiguous when the
+    plan's inputs are (interpret.contiguity); whether there are any. Plan templates copy the
+    steps' functions, so the plans they write have the same ones."""
+    known = _interp._known(len(init), range(n_in), [(k, v) for k, v in enumerate(init)
+                                                     if v is not None])
+    dots, _ = _interp.contiguity(steps, known)
+    for j in dots:
+        fn, ins, out, n = steps[j]
+        steps[j] = (_ndot, ins, out, n)
+    return bool(dots)
+
+
+def _checked(steps: list) -> list:
+    """`steps` with `_dot`'s checks back, for inputs not all contiguous (np.ndarray.dot of
+    others may not make the BLAS call np.matmul makes)."""
+    return [(_dot, *s[1:]) if s[0] is _ndot else s for s in steps]
 
 
 def _first_out(step: tuple) -> int:

@@ -29,7 +29,7 @@ from itertools import chain, repeat
 from typing import Any
 
 from ..ir.core import Aval, Var
-from .autograd_compose import Plan, _synth, _synthetic
+from .autograd_compose import Plan, _dot, _ndot, _synth, _synthetic
 
 # In a tape's key (autograd_exec.tape_walk), an input's first reference, without and with a
 # gradient (its slot is the number of inputs read before), and a second leaf's.
@@ -47,7 +47,8 @@ class _Refused(Exception):
 
 class Template:
     """The plans of one tape form at every count n >= lo (see the module docstring)."""
-    __slots__ = ("n0", "lo", "segs", "n_slots", "n_in", "consts", "outs", "extra", "recipe")
+    __slots__ = ("n0", "lo", "segs", "n_slots", "n_in", "consts", "outs", "extra", "recipe",
+                 "dots")
 
     def plan(self, n: int, tape: list, root: Any) -> tuple:
         """(plan, the inputs with gradients, where each input is on `tape`) for count n: what
@@ -65,6 +66,7 @@ class Template:
         p.consts = dict(consts)
         p._graph = None
         p.outs = outs
+        p.dots = self.dots      # (the steps' functions are the samples')
         return p, extra, where
 
     def write(self, n: int) -> tuple:
@@ -148,7 +150,7 @@ def _synth_step(s: tuple, dn: int, steps: list, meta: list, made: dict) -> None:
     looked up by its key first, as _synth would; its operand types, when it makes them, are
     those of earlier such steps' results, as the composer's are, or of the plan it was
     derived from if they do not change with the count)."""
-    _, op, axis, avals, ins, out, src, of = s
+    _, op, axis, avals, ins, out, src, of, ndot = s
     if len(ins) == 1 and len(ins[0]) == 5:      # (the common case: one run of operands)
         b, a, st, c, ca = ins[0]
         k = b + a * dn
@@ -179,7 +181,8 @@ def _synth_step(s: tuple, dn: int, steps: list, meta: list, made: dict) -> None:
     te = hit[1]
     v = te.outvars[0].aval
     made[(v.shape, v.dtype)] = v
-    steps.append((hit[0], args, _out(out, dn), len(args) if len(out) == 2 else -1))
+    steps.append((_ndot if ndot and hit[0] is _dot else hit[0], args, _out(out, dn),
+                  len(args) if len(out) == 2 else -1))
     meta.append((te, src, of))
 
 
@@ -374,6 +377,7 @@ def derive(form: tuple, a: tuple, b: tuple) -> Template:
         t.outs.append((*_affine(ka, kb, d), fa))
     t.extra = [_affine(ka, kb, d) for ka, kb in zip(extra_a, extra_b)]
     t.recipe = _recipe_spec(form, a, b)
+    t.dots = any(s[0] is _ndot for s in sb)
     synthetic = {id(e) for _, e in _synthetic.values()}
     pa, pb = (sa, ma), (sb, mb)
     segs = _align([_token(m, s, synthetic) for s, m in zip(sa, ma)],
@@ -501,7 +505,7 @@ def _synth_spec(sa: tuple, sb: tuple, ma: tuple, mb: tuple, d: int) -> tuple:
             raise _Refused
         avals = tuple([_type(x, y, d) for x, y in zip(ta, tb)])
     return (2, ea.op, axis, avals, _operands(sa[1], sb[1], d), _out_spec(sa[2], sb[2], d),
-            ma[1], ma[2])
+            ma[1], ma[2], sa[0] is _ndot)   # (a matmul the composer made _ndot: as it was)
 
 
 def _type(x: Aval, y: Aval, d: int) -> tuple:
