@@ -201,3 +201,22 @@ def test_one_argument_functions_take_every_kind_of_value_and_a_keyword():
         tg.tanh(t, t)
     by_keyword.sum().backward()
     np.testing.assert_allclose(t.grad.numpy(), 1 - np.tanh(x0) ** 2, rtol=1e-6)
+
+
+def test_a_replayed_binary_op_takes_the_template_of_its_operands_types():
+    # binary ops remember their last operand types by identity: a loop alternating shapes
+    # and dtypes must still get the right template each time, forward and backward
+    rng = np.random.default_rng(3)
+    cases = [((2, 3), (3, 4), np.float32), ((2, 3), (3, 5), np.float32),
+             ((2, 3), (3, 4), np.float64), ((1, 3), (3, 4), np.float32)]
+    for _ in range(3):
+        for sa, sb, dt in cases:
+            a0, b0 = rng.standard_normal(sa).astype(dt), rng.standard_normal(sb).astype(dt)
+            a = tg.tensor(a0, requires_grad=True)
+            b = tg.tensor(b0, requires_grad=True)
+            out = (a @ b) * (a @ b)
+            assert out.shape == (sa[0], sb[1]) and out.dtype == dt
+            np.testing.assert_allclose(out.detach().numpy(), (a0 @ b0) ** 2, rtol=1e-5)
+            out.sum().backward()
+            np.testing.assert_allclose(a.grad.numpy(), 2 * (a0 @ b0) @ b0.T, rtol=1e-4)
+            np.testing.assert_allclose(b.grad.numpy(), a0.T @ (2 * (a0 @ b0)), rtol=1e-4)

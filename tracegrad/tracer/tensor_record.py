@@ -15,10 +15,10 @@ import numpy as np
 from ..ir import core as _core
 from ..ir.builder import _CODE_SITES, Builder, Traced, user_source
 from ..ir.builder import _state as _trace_state
-from ..ir.core import Aval, Lit, Var
+from ..ir.core import Aval, Lit, Var, remember
 from .autograd_graph import SAVED, Inplace, Node, SavedTensor
 from .grad_mode import ThreadMode, mode, prune_tape
-from .tensor import Tensor
+from .tensor import _AVALS, Tensor
 
 _new = object.__new__
 _getframe = sys._getframe
@@ -243,7 +243,7 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
         saves = SAVED.get(name)
         _fast[key] = (tpl, _names.get((name, sig)) or _grad_name(name, args, kwargs),
                       _IO if saves == _IO else _RESULT if saves == _RESULT else saves,
-                      touts[0].aval if single else None,
+                      _leaf_aval(touts[0].aval) if single else None,
                       single and touts[0].aval.dtype.kind == "f", 2 * tpl[4])
     if not multi:
         return results[0]
@@ -447,10 +447,22 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
     return t
 
 
+def _leaf_aval(aval: Aval) -> Aval:
+    """The one Aval object leaves of this type get (tensor._AVALS): replayed ops' results get
+    it too, so that their types can be told apart by identity (binary_methods' memo)."""
+    key = (aval.shape, aval.dtype)
+    same = _AVALS.get(key)
+    return same if same is not None else remember(_AVALS, key, aval)
+
+
 def binary_methods(fn: Callable, name: str) -> tuple[Callable, Callable]:
     """`Tensor.__op__` and `__rop__` for the binary `tg` function `fn`: `record_binary`, with
     its commonest case (two Tensors, an op seen before) inlined, one call less per op."""
     fast = _fast
+    # The last (a's aval, b's aval, hit): a loop records the same op on the same types over
+    # and over, and two identity tests cost a quarter of making, hashing and comparing the
+    # fast key (its shapes and numpy dtypes). One tuple, read and replaced whole (threads).
+    last: list = [(None, None, None)]
 
     def op(a: Tensor, b: Any) -> Any:
         if type(b) is Tensor and type(a) is Tensor:
@@ -459,8 +471,12 @@ def binary_methods(fn: Callable, name: str) -> tuple[Callable, Callable]:
                 st = mode.state
                 if not st.traces:
                     aa, ab = va.aval, vb.aval
+                    memo = last[0]
+                    if memo[0] is aa and memo[1] is ab:
+                        return _replay1(memo[2], name, a, b, 2, st)
                     hit = fast.get((fn, name, aa.shape, aa.dtype, ab.shape, ab.dtype))
                     if hit is not None and hit[3] is not None:
+                        last[0] = (aa, ab, hit)
                         return _replay1(hit, name, a, b, 2, st)
         return record_binary(fn, name, a, b)
 
