@@ -620,7 +620,9 @@ def _stack(parts: list, aval: tuple) -> np.ndarray:
     """The per-step values `parts` as one array of type `aval` (shape, dtype)."""
     shape, dtype = aval
     if len(shape) > 1:     # pieces of one shape, one after the other: as np.stack lays them
-        return concatenate(parts).reshape(shape).astype(dtype, copy=False)
+        out = concatenate(parts).reshape(shape)
+        # (astype(copy=False) of the dtype it has returns it, at a call's cost: asked first)
+        return out if out.dtype == dtype else out.astype(dtype)
     return np.array(parts, dtype)
 
 
