@@ -45,6 +45,29 @@ def test_program_checks_its_inputs():
         prog([])
 
 
+def test_program_takes_arguments_that_are_not_arrays_of_its_input_types_as_the_reference():
+    """Arrays of the input types are taken as they are (checked in one comparison); anything
+    else (Python numbers, numpy scalars, array subclasses, other dtypes or shapes) goes
+    through np.asarray and the per-input check, as before."""
+    graph = tg.make_ir(lambda x, s: (tg.sin(x) * s, s + 1.0))(
+        np.zeros(3, np.float32), np.float32(2.0))
+    prog = ir.program(graph)
+    x = np.arange(3, dtype=np.float32)
+    for s in (np.asarray(2.5, np.float32), np.float32(2.5), np.array(2.5, np.float32)):
+        _same(prog([x, s]), ir.interpret(graph, [x, s]), repr(type(s)))
+    class Sub(np.ndarray):
+        pass
+    got = prog([x.view(Sub), np.float32(2.5)])
+    assert all(type(o) is np.ndarray for o in got)
+    _same(got, ir.interpret(graph, [x, np.float32(2.5)]), "an array subclass")
+    with pytest.raises(TypeError, match="f32\\[\\]"):
+        prog([x, 2.5])      # a Python float is a float64 array
+    with pytest.raises(TypeError, match="f32\\[3\\]"):
+        prog([x.astype(np.float64), np.float32(2.5)])
+    with pytest.raises(TypeError, match="takes 2 inputs"):
+        prog([x, np.float32(2.5), x])
+
+
 def test_program_outputs_never_alias_inputs_or_each_other():
     x = np.arange(6, dtype=np.float32)
     graph = tg.make_ir(lambda x: (x.reshape(2, 3), x, tg.zeros(3)))(x)

@@ -248,6 +248,30 @@ def test_jit_static_argnums():
     np.testing.assert_allclose(g(X, 4), 4 * X)
 
 
+def test_jit_fast_path_keys_static_values_in_their_places():
+    """The cached calls' key holds the static values where they stand among the arrays' types:
+    a static array is refused as unhashable (not taken for a traced argument), static lists
+    and tuples are values, and static positions in the middle and first are kept apart."""
+    c = Counter(lambda n, x, k, y: x * n + y * k[0])
+    f = tg.jit(c, static_argnums=(0, 2))
+    x32, y32 = X.astype(np.float32), Y.astype(np.float32)
+    for _ in range(2):
+        np.testing.assert_allclose(f(2.0, x32, (3.0,), y32), x32 * 2 + y32 * 3, rtol=1e-6)
+    assert c.calls == 1
+    np.testing.assert_allclose(f(2.0, x32, (4.0,), y32), x32 * 2 + y32 * 4, rtol=1e-6)
+    np.testing.assert_allclose(f(3.0, x32, (3.0,), y32), x32 * 3 + y32 * 3, rtol=1e-6)
+    np.testing.assert_allclose(f(2.0, y32, (3.0,), x32), y32 * 2 + x32 * 3, rtol=1e-6)
+    assert c.calls == 3     # (the last: new values, same types)
+    with pytest.raises(TypeError, match="static arguments must be hashable"):
+        f(x32, x32, (3.0,), y32)
+    with pytest.raises(TypeError, match="static arguments must be hashable"):
+        f(2.0, x32, [3.0], y32)
+    g = tg.jit(lambda xs, n: xs[0] * n + xs[1], static_argnums=1)
+    np.testing.assert_allclose(g([x32, y32], 2), x32 * 2 + y32, rtol=1e-6)
+    np.testing.assert_allclose(g((y32, x32), 2), y32 * 2 + x32, rtol=1e-6)
+    np.testing.assert_allclose(g([x32, y32], 5), x32 * 5 + y32, rtol=1e-6)
+
+
 def test_jit_decorator_and_outputs():
     @tg.jit
     def f(x):

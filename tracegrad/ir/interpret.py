@@ -1,6 +1,7 @@
 """The reference interpreter: runs a graph with each op's numpy reference. The oracle."""
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -273,7 +274,8 @@ def restep(e: Any, fn: Callable, params: dict, in_shapes: list | None) -> Callab
 
 class Program:
     """`graph` prepared for repeated interpretation (bit-identical to `interpret`)."""
-    __slots__ = ("graph", "init", "steps", "outs", "in_avals", "n_in", "made", "out_steps")
+    __slots__ = ("graph", "init", "steps", "outs", "in_avals", "n_in", "made", "out_steps",
+                 "in_sig")
 
     def __init__(self, graph: Graph):
         self.graph = graph
@@ -322,6 +324,7 @@ class Program:
         self.made = made
         self.outs = [slot_of(a) for a in graph.outvars]
         self.in_avals = [(v.aval.shape, v.aval.dtype) for v in graph.invars]
+        self.in_sig = [(np.ndarray, *t) for t in self.in_avals]     # see __call__
         self.n_in = len(graph.invars)
         # per output: the step making it alone (an array of its own: returned as it is when
         # that step's function makes a new array), else -1 (copied)
@@ -361,6 +364,7 @@ class Program:
         new.steps = steps = list(self.steps)
         new.made = None
         new.outs, new.in_avals, new.n_in = self.outs, self.in_avals, self.n_in
+        new.in_sig = self.in_sig
         new.out_steps = self.out_steps
         made, old = self.made, self.graph.eqns
         for at, e in changed.items():
@@ -389,15 +393,22 @@ class Program:
         return new
 
     def __call__(self, args: Sequence[Any]) -> list[np.ndarray]:
-        if len(args) != self.n_in:
-            raise TypeError(f"graph takes {self.n_in} inputs, got {len(args)}")
         env = list(self.init)
-        for k, (a, (shape, dtype)) in enumerate(zip(args, self.in_avals)):
-            arr = a if type(a) is np.ndarray else np.asarray(a)
-            if arr.shape != shape or arr.dtype != dtype:
-                raise TypeError(f"input expects {self.graph.invars[k].aval}, got "
-                                f"{arr.dtype}{list(arr.shape)}")
-            env[k] = arr
+        try:    # the common case, checked in C: arrays of the types expected
+            same = list(map(_signature, args)) == self.in_sig
+        except AttributeError:      # (a Python number)
+            same = False
+        if same:
+            env[:self.n_in] = args
+        else:
+            if len(args) != self.n_in:
+                raise TypeError(f"graph takes {self.n_in} inputs, got {len(args)}")
+            for k, (a, (shape, dtype)) in enumerate(zip(args, self.in_avals)):
+                arr = a if type(a) is np.ndarray else np.asarray(a)
+                if arr.shape != shape or arr.dtype != dtype:
+                    raise TypeError(f"input expects {self.graph.invars[k].aval}, got "
+                                    f"{arr.dtype}{list(arr.shape)}")
+                env[k] = arr
         token = errors_off()
         try:
             for fn, ins, out, n in self.steps:
@@ -416,6 +427,10 @@ class Program:
         return [env[k] if j >= 0 and steps[j][0] in _FRESH else np.array(env[k])
                 for k, j in zip(self.outs, self.out_steps)]
 
+
+# an argument's (type, shape, dtype), as Program.__call__ compares them to its inputs' (an
+# attrgetter: no Python frame per argument)
+_signature = operator.attrgetter("__class__", "shape", "dtype")
 
 # step functions that always return a new array (their outputs need no copy when returned);
 # `concatenation` adds its functions
@@ -605,7 +620,9 @@ def _stack(parts: list, aval: tuple) -> np.ndarray:
     """The per-step values `parts` as one array of type `aval` (shape, dtype)."""
     shape, dtype = aval
     if len(shape) > 1:     # pieces of one shape, one after the other: as np.stack lays them
-        return concatenate(parts).reshape(shape).astype(dtype, copy=False)
+        out = concatenate(parts).reshape(shape)
+        # (astype(copy=False) of the dtype it has returns it, at a call's cost: asked first)
+        return out if out.dtype == dtype else out.astype(dtype)
     return np.array(parts, dtype)
 
 

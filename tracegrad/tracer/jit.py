@@ -127,11 +127,15 @@ def _leaf_key(x: Any) -> Any:
                     "Python scalar (mark it static with static_argnums)")
 
 
-def _fast_key(args: Sequence[Any]) -> tuple[Any, list]:
-    """(key, leaves) for arguments that are numpy arrays or lists/tuples of them — the
-    common calls, keyed without the pytree machinery — else (None, [])."""
+def _fast_key(args: Sequence[Any], static: tuple = ()) -> tuple[Any, list]:
+    """(key, leaves) for arguments that are numpy arrays or lists/tuples of them, and the
+    static values at positions `static` (in the key as they are) — the common calls, keyed
+    without the pytree machinery — else (None, [])."""
     key, flat = [], []
-    for a in args:
+    for i, a in enumerate(args):
+        if static and i in static:
+            key.append(a)
+            continue
         t = type(a)
         if t is np.ndarray:
             key.append((a.shape, a.dtype))
@@ -229,12 +233,8 @@ class Jitted:
         fast = None
         if current_builder() is None:
             static = self.static
-            if not static:
-                fast, flat = _fast_key(args)
-            elif static[-1] < len(args):
-                fast, flat = _fast_key([a for i, a in enumerate(args) if i not in static])
-                if fast is not None:
-                    fast = (fast, *[args[i] for i in static])
+            if not static or static[-1] < len(args):
+                fast, flat = _fast_key(args, static)
             if fast is not None:
                 try:
                     entry = self._fast.get(fast)
