@@ -220,3 +220,17 @@ def test_a_replayed_binary_op_takes_the_template_of_its_operands_types():
             out.sum().backward()
             np.testing.assert_allclose(a.grad.numpy(), 2 * (a0 @ b0) @ b0.T, rtol=1e-4)
             np.testing.assert_allclose(b.grad.numpy(), a0.T @ (2 * (a0 @ b0)), rtol=1e-4)
+
+
+def test_a_replayed_unary_op_takes_the_template_of_its_operands_type():
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        for shape, dt in [((2, 3), np.float32), ((3,), np.float32), ((2, 3), np.float64)]:
+            x0 = rng.standard_normal(shape).astype(dt)
+            x = tg.tensor(x0, requires_grad=True)
+            y = tg.tanh(x)
+            z = x.tanh()
+            assert y.shape == shape and y.dtype == dt and z.dtype == dt
+            np.testing.assert_allclose(y.detach().numpy(), np.tanh(x0), rtol=1e-6)
+            (y + z).sum().backward()
+            np.testing.assert_allclose(x.grad.numpy(), 2 * (1 - np.tanh(x0) ** 2), rtol=1e-5)

@@ -315,12 +315,19 @@ def record_unary(fn: Callable, name: str, a: Tensor, depth: int = 2) -> Any:
     st = mode.state
     if not st.traces:
         aval = a._var.aval
+        memo = _last_unary.get(fn)     # (as binary_methods' memo)
+        if memo is not None and memo[0] is aval and memo[2] is name:
+            return _replay1(memo[1], name, a, None, depth + 1, st)
         hit = _fast.get((fn, name, aval.shape, aval.dtype))
         if hit is not None:
             if hit[3] is not None:
+                remember(_last_unary, fn, (aval, hit, name), 1024)
                 return _replay1(hit, name, a, None, depth + 1, st)
             return _replay(hit, name, (a,), (a,), True, depth + 2)
     return record(fn, name, (a,), {})
+
+
+_last_unary: dict = {}     # a unary function -> (operand's Aval, hit, name) last replayed
 
 
 def record_binary(fn: Callable, name: str, a: Any, b: Any, depth: int = 2) -> Any:
