@@ -224,7 +224,7 @@ def record(fn: Callable, name: str, args: tuple, kwargs: dict, grad: bool = True
         entries.extend(deps)
     requires = grad_on and any(e[1] is not None for e in entries)
     node = Node.make(eqns, entries, [v for v in out_vars if v is not None], False, "",
-                None if sig is None else tpl, source)
+                     None if sig is None else tpl, source)
     results = _results(node, out_vars, requires)
     if sig is not None:
         node.sig = 2 * tpl[4] + node.grad
@@ -381,8 +381,8 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
             entries.append((a._var, None, a._node if val is None else val))
     if aval is None:
         out_vars = _out_vars(tpl[2])
-        node = Node.make(None, entries, [v for v in out_vars if v is not None], False, "", tpl,
-                    user_source(depth - 1))
+        node = Node.make(None, entries, [v for v in out_vars if v is not None], False, "",
+                         tpl, user_source(depth - 1))
         results = _results(node, out_vars, requires)
         node.sig = sig + node.grad
         if node.grad:
