@@ -176,6 +176,50 @@ def test_argument_checks_and_layouts(cache_dir):
     assert all(a is not b and not np.shares_memory(a, b) for a, b in zip(o1, o2, strict=False))
 
 
+def test_entry_checks_every_argument_natively(cache_dir):
+    """The entry reads the arrays itself (codegen/unbox.py): whatever it rejects is
+    converted or reported in Python, and nothing it accepts runs on the wrong layout."""
+    g = make_graph(2.0)   # noqa: F821
+    exe = runtime.compile_graph(g)
+    x, w, ct = args()
+    ct = np.asarray(ct)
+    ref = ir.interpret(g, [x, w, ct])
+
+    class Sub(np.ndarray):
+        pass
+
+    raw = np.zeros(x.size * 4 + 1, np.uint8)[1:]
+    unaligned = raw.view(F32).reshape(x.shape)
+    unaligned[...] = x
+    assert not unaligned.flags.aligned
+    swapped = w.astype(">f4")
+    for variant in ([x.view(Sub), w, ct], [unaligned, w, ct], (x, w, ct),
+                    [x, w, np.asarray([1.0], F32).reshape(())]):
+        for a, b in zip(exe(variant), ref, strict=False):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    with pytest.raises(TypeError, match=r"argument 1 must be float32\[4, 2\], got >f4"):
+        exe([x, swapped, ct])
+    with pytest.raises(TypeError, match=r"argument 1 must be float32\[4, 2\], got "
+                                        r"float32\[2, 4\]"):
+        exe([x, w.T.copy(), ct])
+    with pytest.raises(TypeError, match=r"argument 2 must be float32\[\], got float32\[1\]"):
+        exe([x, w, ct.reshape(1)])
+    with pytest.raises(TypeError, match="argument 0 of type dict is not an array"):
+        exe([{"x": x}, w, ct])
+    with pytest.raises(TypeError, match="takes 3 arguments, got 4"):
+        exe([x, w, ct, ct])
+    # an int64 array of numpy's other int64 type number (longlong on Linux) is equal to
+    # int64 and runs
+    bi = ir.Builder()
+    n = bi.new_input(ir.Aval((3,), np.dtype(np.int64)))
+    with bi.active():
+        out = n * 3
+    gi = bi.build([out])
+    other = np.array([1, 2, 3], dtype=np.longlong if np.dtype(np.longlong).num !=
+                     np.dtype(np.int64).num else np.int64)
+    np.testing.assert_array_equal(runtime.compile_graph(gi)([other])[0], [3, 6, 9])
+
+
 def test_zero_size_and_scalar_graphs(cache_dir):
     b = ir.Builder()
     x = b.new_input(ir.Aval((0, 3), F32))

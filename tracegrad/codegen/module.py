@@ -1,7 +1,10 @@
-"""Graph -> one LLVM module with one entry, `void tg_entry(i8** bufs)`, plus its buffer layout.
+"""Graph -> one LLVM module with one entry, `i32 tg_entry(i8** bufs, list* args, list* outs)`,
+plus its buffer layout.
 
-The table `bufs` holds, by slot: the thread-pool callback and the BLAS entry points (slots
-0-2), then the graph's inputs, constants, outputs and intermediates. Intermediates and
+The table `bufs` holds, by slot: the thread-pool callback, the BLAS entry points and thread
+setter (slots 0-3) and the address of `numpy.ndarray` (slot 4), then the graph's inputs,
+constants, outputs and intermediates. The entry checks the arrays in the Python lists `args`
+and `outs` and stores their data pointers in their slots (see unbox.py). Intermediates and
 per-task partial reductions live in one workspace whose offsets are part of the layout, so
 the object code is independent of any address and can be cached on disk."""
 from __future__ import annotations
@@ -14,24 +17,21 @@ import numpy as np
 from llvmlite import ir
 
 from ..ir import Graph, Lit, Var
-from .dtypes import I64, PTR, VOID, i64
+from .dtypes import I32, I64, PTR, VOID, i64
 from .kernel import KERNEL_TYPE, Kernel
 from .linalg import (SLOT_BLAS_THREADS, emit_matmul, emit_scatter_add, gemm_dims,
                      gemm_slot, gemm_tasks, loop_tasks, uses_blas)
 from .loops import emit_argreduce, emit_combine, emit_loop_group, reductions, split
 from .plan import Group, epilogues, group_signature, plan_graph, stages
 from .scalar import OUTLINE_MATH, TRANSCENDENTAL
+from .unbox import SLOT_NDARRAY, emit_unbox
 
 ENTRY = "tg_entry"
 # Inlined math vectorises but costs compile time per copy: loops smaller than this call one
 # out-of-line copy of each function, unless the whole graph has only a few math calls.
 INLINE_MATH_MIN_SIZE = 4096
 INLINE_MATH_MAX_SITES = 48
-FIRST_SLOT = 4
-# Inputs and outputs are passed as numpy array objects; the entry reads each one's data
-# pointer, the first field after PyObject_HEAD (checked by the runtime at import), so the
-# per-call Python work is one table store per array.
-ARRAY_DATA_OFFSET = 16
+FIRST_SLOT = SLOT_NDARRAY + 1
 ALIGN = 64
 # Independent kernels of at least this much work (multiply-adds, loop elements) share one pool
 # job; smaller ones run on the calling thread before it.
@@ -46,7 +46,6 @@ class Layout:
     input_slots: list[int]
     const_slots: list[tuple[int, int]]        # (slot, index into graph.consts)
     outputs: list[tuple]                      # ("slot", s) ("arg", i) ("const", j) ("lit",)
-    object_slots: list[int] = field(default_factory=list)   # hold arrays, not data pointers
     workspace: list[tuple[int, int]] = field(default_factory=list)   # (slot, byte offset)
     workspace_size: int = 0
     n_kernels: int = 0
@@ -191,15 +190,13 @@ class _Lowering:
     def lower(self) -> Lowered:
         layout = self.layout_buffers()
         steps = self.lower_stages()
-        entry = ir.Function(self.module, ir.FunctionType(VOID, [PTR.as_pointer()]), ENTRY)
+        entry = ir.Function(self.module, ir.FunctionType(I32, [PTR.as_pointer(), PTR, PTR]),
+                            ENTRY)
         b = ir.IRBuilder(entry.append_basic_block("entry"))
-        table = entry.args[0]
-        layout.object_slots = list(layout.input_slots) + [o[1] for o in layout.outputs
-                                                          if o[0] == "slot"]
-        for s in layout.object_slots:
-            cell = b.gep(table, [i64(s)], inbounds=True)
-            obj = b.gep(b.load(cell), [i64(ARRAY_DATA_OFFSET)], inbounds=True)
-            b.store(b.load(b.bitcast(obj, PTR.as_pointer())), cell)
+        table, args, outs = entry.args
+        inputs = [(s, v.aval.shape, v.aval.dtype)
+                  for s, v in zip(layout.input_slots, self.graph.invars, strict=True)]
+        emit_unbox(b, table, args, outs, inputs, [o[1] for o in layout.outputs if o[0] == "slot"])
         par = None
         direct = set()
         for k, tasks in steps:
@@ -214,7 +211,7 @@ class _Lowering:
                 par = b.bitcast(b.load(b.gep(table, [i64(0)], inbounds=True)),
                                 PAR_TYPE.as_pointer())
             b.call(par, [k if isinstance(k, ir.Function) else k.fn, table, i64(tasks)])
-        b.ret_void()
+        b.ret(ir.Constant(I32, 0))
         for fn in self.bodies.values():   # a body used once by a wrapper melts into it
             once = self.body_uses[fn.name] == 1 and fn.name not in direct
             fn.attributes.add("alwaysinline" if once else "noinline")

@@ -1,4 +1,5 @@
-"""A compiled graph: checks arguments, fills the buffer table, makes the one native call."""
+"""A compiled graph: allocates the outputs and makes the one native call, which checks the
+arguments itself (codegen/unbox.py); arguments it rejects are converted or reported here."""
 from __future__ import annotations
 
 import ctypes
@@ -8,22 +9,40 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..codegen import Layout
-from ..codegen.module import ARRAY_DATA_OFFSET, FIRST_SLOT
+from ..codegen import unbox
+from ..codegen.module import FIRST_SLOT
 from ..ir import Graph, Lit
 from .blas import blas_threads_address, gemm_addresses
 from .pool import parallel_for_address
 
 
-def _check_array_layout() -> None:
-    a = np.empty(3)
-    if ctypes.c_void_p.from_address(id(a) + ARRAY_DATA_OFFSET).value != a.ctypes.data:
-        raise ImportError("tracegrad: unexpected numpy array object layout; the native "
-                          "backend cannot read array data pointers on this build")
+def _check_object_layouts() -> None:
+    """The entry reads lists and arrays at the offsets of codegen/unbox.py: check them."""
+    def word(addr: int, ty: type = ctypes.c_ssize_t) -> int:
+        return ty.from_address(addr).value
+
+    a = np.empty((3, 5), np.float32)[:2]
+    lst = [a, None]
+    descr = id(a.dtype)
+    dims = word(id(a) + unbox.ARRAY_DIMS)
+    found = [word(id(lst) + unbox.OB_TYPE), word(id(lst) + unbox.OB_SIZE),
+             word(word(id(lst) + unbox.LIST_ITEMS)), word(id(a) + unbox.ARRAY_DATA),
+             word(id(a) + unbox.ARRAY_ND, ctypes.c_int32), word(dims), word(dims + 8),
+             word(id(a) + unbox.ARRAY_DESCR),
+             word(id(a) + unbox.ARRAY_FLAGS, ctypes.c_int32) & unbox.C_CONTIGUOUS_ALIGNED,
+             word(descr + unbox.DESCR_TYPE_NUM, ctypes.c_int32),
+             word(descr + unbox.DESCR_BYTEORDER, ctypes.c_char)]
+    expected = [id(list), 2, id(a), a.ctypes.data, 2, 2, 5, descr,
+                unbox.C_CONTIGUOUS_ALIGNED, a.dtype.num, a.dtype.byteorder.encode()]
+    if found != expected or word(id(a) + unbox.OB_TYPE) != id(np.ndarray):
+        raise ImportError("tracegrad: unexpected Python list or numpy array object layout; "
+                          "the native backend cannot read its arguments on this build")
 
 
-_check_array_layout()
+_check_object_layouts()
 
-ENTRY_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+ENTRY_TYPE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.c_void_p)
 _ALIGN = 64
 
 
@@ -37,6 +56,7 @@ class _Frame:
         if layout.blas:   # finding BLAS imports scipy.linalg: only for graphs that use it
             self.table[1], self.table[2] = gemm_addresses()
             self.table[3] = blas_threads_address()
+        self.table[unbox.SLOT_NDARRAY] = id(np.ndarray)
         self.keep = list(consts)
         for slot, j in layout.const_slots:
             self.table[slot] = consts[j].ctypes.data
@@ -66,10 +86,9 @@ class Executable:
         self._out_avals = [a.aval for a in graph.outvars]
         self._lits = [a.value if isinstance(a, Lit) else None for a in graph.outvars]
         self._frame = _Frame(layout, self._consts)
-        self._in_slots = list(layout.input_slots)
         slots = [(k, w[1]) for k, w in enumerate(layout.outputs) if w[0] == "slot"]
-        self._out_slots = [s for _, s in slots]
-        self._slot_avals = [self._out_avals[k] for k, _ in slots]
+        self._slot_avals = [(self._out_avals[k].shape, self._out_avals[k].dtype)
+                            for k, _ in slots]
         self._simple = len(slots) == len(layout.outputs)
         self._lock = threading.Lock()
 
@@ -87,49 +106,55 @@ class Executable:
         return self._texts[what]
 
     def _convert(self, i: int, a: Any) -> np.ndarray:
-        """The slow path: non-arrays, wrong types, and layouts native code cannot read."""
+        """Argument `i` as the array the entry takes, or why it cannot be."""
         shape, dtype = self._in[i]
         if not isinstance(a, np.ndarray):
+            not_array = f"argument {i} of type {type(a).__name__} is not an array"
             try:
                 a = np.asarray(a)
             except Exception:
-                raise TypeError(f"argument {i} of type {type(a).__name__} is not an "
-                                "array") from None
+                raise TypeError(not_array) from None
             if a.dtype == object:
-                raise TypeError(f"argument {i} of type {type(a).__name__} is not an array")
+                raise TypeError(not_array)
         if a.shape != shape or a.dtype != dtype:
             raise TypeError(f"argument {i} must be {dtype}{list(shape)}, got "
                             f"{a.dtype}{list(a.shape)}")
         if type(a) is not np.ndarray:
             a = np.asarray(a)
         if not a.flags.c_contiguous or not a.flags.aligned:
-            a = np.ascontiguousarray(a)
+            a = np.array(a, order="C")    # (a copy: an unaligned contiguous one stays as is)
+        if a.dtype.num != dtype.num:    # an equal dtype of another type number (longlong)
+            a = a.view(dtype)
         return a
 
     def __call__(self, args: Sequence[Any]) -> list[np.ndarray]:
-        if len(args) != len(self._in):
-            raise TypeError(f"compiled graph takes {len(self._in)} arguments, got {len(args)}")
+        # (a list of our own: the entry reads it with the GIL released)
         arrays = list(args)
-        for i, (a, (shape, dtype)) in enumerate(zip(arrays, self._in, strict=True)):
-            if (type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype
-                    or not (a.flags.c_contiguous and a.flags.aligned)):
-                arrays[i] = self._convert(i, a)
-        outs = [np.empty(av.shape, av.dtype) for av in self._slot_avals]
-        shared = self._lock.acquire(blocking=False)
-        try:
-            frame = self._frame if shared else _Frame(self.layout, self._consts)
-            table = frame.table
-            for slot, a in zip(self._in_slots, arrays, strict=True):
-                table[slot] = id(a)
-            for slot, o in zip(self._out_slots, outs, strict=True):
-                table[slot] = id(o)
-            self._entry(frame.addr)
-        finally:
-            if shared:
-                self._lock.release()
+        outs = [np.empty(shape, dtype) for shape, dtype in self._slot_avals]
+        bad = self._run(arrays, outs)
+        if bad:
+            if len(arrays) != len(self._in):
+                raise TypeError(f"compiled graph takes {len(self._in)} arguments, got "
+                                f"{len(arrays)}")
+            arrays = [self._convert(i, a) for i, a in enumerate(arrays)]
+            bad = self._run(arrays, outs)
+            if bad:
+                i = bad - 1
+                raise RuntimeError(f"internal error: the compiled entry rejected argument {i} "
+                                   f"({arrays[i].dtype}{list(arrays[i].shape)}, flags "
+                                   f"{arrays[i].flags.num:#x}) that its checks accept")
         if self._simple:
             return outs
         return self._assemble(arrays, outs)
+
+    def _run(self, arrays: list, outs: list) -> int:
+        if self._lock.acquire(blocking=False):
+            try:
+                return self._entry(self._frame.addr, id(arrays), id(outs))
+            finally:
+                self._lock.release()
+        frame = _Frame(self.layout, self._consts)     # (held until the call returns)
+        return self._entry(frame.addr, id(arrays), id(outs))
 
     def _assemble(self, arrays: list, outs: list) -> list[np.ndarray]:
         results: list[np.ndarray] = []
