@@ -207,11 +207,13 @@ def test_matmul(dtype):
     check(g, args, rtol=1e-5 if dtype == F32 else None, atol=1e-4 if dtype == F32 else None)
 
 
-# (m, k, n) of products with few rows (linalg.few_rows): 2-3 rows of generated loops streaming
-# B once (register blocks of columns, then single columns), up to 6 rows times a transposed B
-# as dot products, and their neighbours that keep the i-k-j loop or sgemm
+# (m, k, n) of products with few rows (linalg.few_rows): 2-12 rows of generated loops
+# streaming B once (register blocks of columns, then single columns), up to 12 rows times a
+# transposed B with k >= 8 as dot products, and their neighbours that keep the i-k-j loop or
+# sgemm (13 rows, k = 7)
 FEW_ROWS = [(1, 3, 7), (2, 70, 17), (3, 5, 64), (3, 70, 31), (4, 33, 603), (1, 784, 512),
-            (2, 512, 512), (6, 100, 70), (5, 9, 40), (1, 1, 9)]
+            (2, 512, 512), (6, 100, 70), (5, 9, 40), (1, 1, 9), (12, 300, 203), (13, 64, 70),
+            (8, 8, 100), (7, 7, 50), (10, 10, 512)]
 
 
 def _few_rows_graph(dtype):

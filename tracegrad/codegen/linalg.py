@@ -14,14 +14,18 @@ operand it shares with the others, so the split is as coarse as the pool allows:
 thread (more only for very large GEMMs). The mlp_step GEMMs on one thread: 1 or 2 tasks
 12.2 ms, 4 tasks 14.3 ms, 8 tasks 14.8 ms.
 
-Products of a few rows skip ?gemm, which packs all of B before multiplying (`few_rows`): two
-or three rows times a stored B run as a generated loop streaming B once, each of its rows
-serving every row of C from registers (`_rows_by_k`), and up to six rows times a transposed B
-(a backward's `g @ W.T`) read it in place as rows of dot products (`_dots`), both split by
-columns across the pool. Measured, 2 threads: (2..3, 784) @ (784, 512) sgemm 127-202 us, loop
-64-91 us; (1..6, 512) @ (512, 512)^T sgemm 86-137 us, dots 20-62 us. A single row keeps the
-i-k-j loop (it streams B already); from four rows, or with a short contraction (k < 64, dots
-cost more than they save), and for integers, the choice is as before."""
+Products of a few rows skip ?gemm, which packs all of B before multiplying (`few_rows`): 2 to
+12 rows times a stored B run as a generated loop streaming B once, each of its rows serving
+every row of C from registers (`_rows_by_k`), and up to 12 rows times a transposed B (a
+backward's `g @ W.T`) read it in place as rows of dot products (`_dots`), both split by
+columns across the pool. Measured, 2 threads, 2-vCPU AMD EPYC (Zen 4), best of 14 x 300 calls:
+  (4..12, 784) @ (784, 512)    sgemm  76-142 us   rows  44-70 us   (16 rows: 111 vs 95;
+  (4..12, 512) @ (512, 512)    sgemm  54-94 us    rows  36-49 us    20: 78 vs 106)
+  (4..12, 512) @ (784, 512)^T  sgemm 142-234 us   dots  55-106 us  (16 rows: 177 vs 182)
+  (1..12, 10) @ (512, 10)^T    i-k-j   8-31 us    dots   6-14 us   (16 rows: sgemm 8 vs 18)
+mlp_step (best of 15 x 20 steps) at batch 4-10 went from 0.47-0.65 ms to 0.36-0.49 ms. A single
+row keeps the i-k-j loop (it streams B already); from 13 rows, with a contraction shorter than
+DOTS_MIN_K, and for integers, the choice is as before."""
 from __future__ import annotations
 
 import math
@@ -35,10 +39,10 @@ from .kernel import Kernel, if_then
 from .plan import Group
 
 BLAS_MIN_WORK = 1 << 16
-ROWS_BY_K = (2, 3)    # rows of a product with a stored B that `_rows_by_k` runs
+ROWS_BY_K = range(2, 13)    # rows of a product with a stored B that `_rows_by_k` runs
 KC = 64               # rows of B `_rows_by_k` reads in one chunk
-DOTS_MAX_ROWS = 6     # rows of a product with a transposed B that `_dots` runs ...
-DOTS_MIN_K = 64       # ... from this contraction length
+DOTS_MAX_ROWS = 12    # rows of a product with a transposed B that `_dots` runs ...
+DOTS_MIN_K = 8        # ... from this contraction length
 GEMM_SPLIT_WORK = 1 << 21    # multiply-adds below which a GEMM runs as one task
 GEMM_TASK_WORK = 1 << 26     # at most this many multiply-adds per task (per thread round)
 MAX_GEMM_TASKS = 64
