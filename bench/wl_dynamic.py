@@ -109,6 +109,15 @@ def run() -> dict[str, float]:
     spread = ", ".join(f"{k} {min(v) * 1e3:.3f}-{max(v) * 1e3:.3f}" for k, v in samples.items()
                        if v)
     print(f"  (median of {PROCESSES} fresh processes each; ms/iter range: {spread})")
+    if len(samples["torch"]) == PROCESSES:
+        # the same passes as ratios to the torch pass of their round (not the verdict: it
+        # takes the medians above); on a machine alternating between fast and slow stretches
+        # the ratio of two medians jumps with how many slow passes each side drew
+        paired = []
+        for k in ("jit", "tensor"):
+            r = [a / b for a, b in zip(samples[k], samples["torch"], strict=True)]
+            paired.append(f"{k} {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f})")
+        print(f"  (per-round ratios to torch, median (range): {', '.join(paired)})")
 
     jax = optional("jax")
     if jax is not None:     # not the target's anchor, and slow (a compile per length): once
