@@ -14,6 +14,7 @@ The offsets below are CPython's and numpy's object layouts on 64-bit builds (num
 2.x share them); the runtime checks every one against live objects when it is imported."""
 from __future__ import annotations
 
+import sys
 from typing import Sequence
 
 import numpy as np
@@ -33,7 +34,14 @@ ARRAY_FLAGS = 64
 DESCR_BYTEORDER = 26     # PyArray_Descr.byteorder, .type_num
 DESCR_TYPE_NUM = 28
 C_CONTIGUOUS_ALIGNED = 0x0001 | 0x0100     # NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED
-BIG_ENDIAN = ord(">")
+SWAPPED = ord(">" if sys.byteorder == "little" else "<")     # a descr's non-native order
+
+
+def type_number(dtype: np.dtype) -> int:
+    """The type number the entry expects for `dtype`: that of the canonical dtype of its
+    kind and size (int64 is numpy's `long` or `longlong`, equal dtypes of two numbers; the
+    disk cache files both under one key)."""
+    return np.dtype(np.dtype(dtype).str).num
 
 
 def _field(b: ir.IRBuilder, obj: ir.Value, offset: int, ty: ir.Type) -> ir.Value:
@@ -76,9 +84,9 @@ def emit_unbox(b: ir.IRBuilder, table: ir.Value, args: ir.Value, outs: ir.Value,
         good = b.icmp_signed("==", flags, ir.Constant(I32, C_CONTIGUOUS_ALIGNED))
         descr = _field(b, obj, ARRAY_DESCR, PTR)
         num = _field(b, descr, DESCR_TYPE_NUM, I32)
-        good = b.and_(good, b.icmp_signed("==", num, ir.Constant(I32, np.dtype(dtype).num)))
+        good = b.and_(good, b.icmp_signed("==", num, ir.Constant(I32, type_number(dtype))))
         order = _field(b, descr, DESCR_BYTEORDER, I8)
-        good = b.and_(good, b.icmp_signed("!=", order, ir.Constant(I8, BIG_ENDIAN)))
+        good = b.and_(good, b.icmp_signed("!=", order, ir.Constant(I8, SWAPPED)))
         if shape:
             dims = _field(b, obj, ARRAY_DIMS, I64.as_pointer())
             for k, n in enumerate(shape):

@@ -21,19 +21,25 @@ def _check_object_layouts() -> None:
     def word(addr: int, ty: type = ctypes.c_ssize_t) -> int:
         return ty.from_address(addr).value
 
+    def flags(x: np.ndarray) -> int:
+        return word(id(x) + unbox.ARRAY_FLAGS, ctypes.c_int32) & unbox.C_CONTIGUOUS_ALIGNED
+
     a = np.empty((3, 5), np.float32)[:2]
     lst = [a, None]
     descr = id(a.dtype)
     dims = word(id(a) + unbox.ARRAY_DIMS)
+    swapped = a.dtype.newbyteorder()
+    unaligned = np.zeros(9, np.uint8)[1:].view(np.float32)
     found = [word(id(lst) + unbox.OB_TYPE), word(id(lst) + unbox.OB_SIZE),
              word(word(id(lst) + unbox.LIST_ITEMS)), word(id(a) + unbox.ARRAY_DATA),
              word(id(a) + unbox.ARRAY_ND, ctypes.c_int32), word(dims), word(dims + 8),
-             word(id(a) + unbox.ARRAY_DESCR),
-             word(id(a) + unbox.ARRAY_FLAGS, ctypes.c_int32) & unbox.C_CONTIGUOUS_ALIGNED,
+             word(id(a) + unbox.ARRAY_DESCR), flags(a), flags(a[:, ::2]), flags(unaligned),
              word(descr + unbox.DESCR_TYPE_NUM, ctypes.c_int32),
-             word(descr + unbox.DESCR_BYTEORDER, ctypes.c_char)]
+             word(descr + unbox.DESCR_BYTEORDER, ctypes.c_char),
+             ord(word(id(swapped) + unbox.DESCR_BYTEORDER, ctypes.c_char))]
     expected = [id(list), 2, id(a), a.ctypes.data, 2, 2, 5, descr,
-                unbox.C_CONTIGUOUS_ALIGNED, a.dtype.num, a.dtype.byteorder.encode()]
+                unbox.C_CONTIGUOUS_ALIGNED, 1 << 8, 1, a.dtype.num, a.dtype.byteorder.encode(),
+                unbox.SWAPPED]
     if found != expected or word(id(a) + unbox.OB_TYPE) != id(np.ndarray):
         raise ImportError("tracegrad: unexpected Python list or numpy array object layout; "
                           "the native backend cannot read its arguments on this build")
@@ -116,15 +122,15 @@ class Executable:
                 raise TypeError(not_array) from None
             if a.dtype == object:
                 raise TypeError(not_array)
+        elif type(a) is not np.ndarray:     # (a subclass's own shape or dtype is not read)
+            a = np.asarray(a)
         if a.shape != shape or a.dtype != dtype:
             raise TypeError(f"argument {i} must be {dtype}{list(shape)}, got "
                             f"{a.dtype}{list(a.shape)}")
-        if type(a) is not np.ndarray:
-            a = np.asarray(a)
         if not a.flags.c_contiguous or not a.flags.aligned:
             a = np.array(a, order="C")    # (a copy: an unaligned contiguous one stays as is)
-        if a.dtype.num != dtype.num:    # an equal dtype of another type number (longlong)
-            a = a.view(dtype)
+        if a.dtype.num != unbox.type_number(dtype):     # an equal dtype of another number
+            a = a.view(np.dtype(dtype.str))
         return a
 
     def __call__(self, args: Sequence[Any]) -> list[np.ndarray]:
