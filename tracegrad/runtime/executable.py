@@ -8,8 +8,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..codegen import Layout
-from ..codegen import unbox
+from ..codegen import Layout, unbox
 from ..codegen.module import FIRST_SLOT
 from ..ir import Graph, Lit
 from .blas import blas_threads_address, gemm_addresses
