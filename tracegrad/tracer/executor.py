@@ -83,15 +83,15 @@ def execute(graph: ir.Graph, args: Sequence[Any]) -> list[np.ndarray]:
     if config.disable_jit or config.debug_nans or "run" not in _backend:
         return _interpret(graph, args)
     if not _tiered(graph):
-        return _backend["run"](graph, list(args))
+        return _backend["run"](graph, args)
     exe = _backend["lookup"](graph) if _may_hit() else None
     if exe is not None:
-        return exe(list(args))
+        return exe(args)
     key = ir.structural_hash(graph)
     spent = _heat.get(key, 0.0)
     if spent >= compile_estimate(graph):
         _heat.pop(key, None)
-        return _native(graph)(list(args))
+        return _native(graph)(args)
     t0 = time.perf_counter()
     out = _interpret(graph, args)
     if len(_heat) > MAX_HEAT_ENTRIES:
@@ -140,11 +140,11 @@ class Tiered:
     def __call__(self, args: Sequence[Any]) -> list[np.ndarray]:
         native = self.native
         if native is not None and not (config.disable_jit or config.debug_nans):
-            return native(list(args))
+            return native(args)
         if config.disable_jit or config.debug_nans:   # optimised: no dead code to trip on
             return _interpret(self.optimized_graph, args)
         if not config.tiering or self.spent >= compile_estimate(self.graph):
-            return self.executable(list(args))
+            return self.executable(args)
         t0 = time.perf_counter()
         out = _interpret(self.graph, args)
         self.spent += time.perf_counter() - t0
@@ -166,7 +166,7 @@ def compile_graph(graph: ir.Graph, tiered: bool = False, optimized: bool = True
         def run(args):
             if config.disable_jit or config.debug_nans:
                 return _interpret(graph, args)
-            return native(list(args))
+            return native(args)
         run.executable = native
         run.graph = graph
         return run
