@@ -188,6 +188,27 @@ def test_grad_of_grad_scalar():
     np.testing.assert_allclose(d3, fd, rtol=1e-6)
 
 
+def test_square_by_self_multiplication_differentiates_to_one_product():
+    # d(s * s) is g*s + s*g, the same bits twice: made once and added to itself, in the graph
+    # as traced (what the interpreter runs before optimisation) and in a Tensor's backward
+    from tracegrad.tracer.trace import trace
+
+    def f(x):
+        s = tg.sin(x)
+        return tg.sum(s * s)
+    tf, _ = trace(tg.grad(f), (X,), optimized_later=True)
+    assert [e.op for e in tf.graph.eqns].count("mul") == 3    # s*s, g*s, g*cos(x)
+    want = 2 * np.sin(X) * np.cos(X)
+    np.testing.assert_allclose(tg.grad(f)(X), want, rtol=1e-12)
+    x = tg.tensor(X, requires_grad=True)
+    (tg.sin(x) * tg.sin(x)).sum().backward()     # two values: one product each
+    y = tg.tensor(X, requires_grad=True)
+    s = tg.sin(y)
+    (s * s).sum().backward()
+    np.testing.assert_array_equal(y.grad.numpy(), x.grad.numpy())
+    np.testing.assert_allclose(y.grad.numpy(), want, rtol=1e-12)
+
+
 def test_input_used_many_times_accumulates():
     f = lambda x: tg.sum(x * x + x * 3.0 + tg.sin(x) * x)
     g = tg.grad(f)(X)

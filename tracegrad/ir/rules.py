@@ -10,6 +10,7 @@ import math
 from typing import Any, Callable
 
 from . import emit as E
+from .builder import Traced
 from .core import is_float
 from .scan import scan_jvp
 from .scan_vjp import scan_vjp
@@ -153,6 +154,11 @@ def _matmul_vjp(g: Any, a: Any, b: Any, out: Any, need: tuple = (True, True)) ->
 
 
 def _mul_vjp(g: Any, x: Any, y: Any, out: Any, need: tuple = (True, True)) -> tuple:
+    if need[0] and need[1] and (x is y or type(x) is Traced and type(y) is Traced and
+                                x.atom is y.atom):
+        # `x * x`: both terms are g * x (the same bits), made once; the sum adds it to itself
+        gx = _ub(g * x, x)
+        return gx, gx
     return (_ub(g * y, x) if need[0] else None), (_ub(g * x, y) if need[1] else None)
 
 
