@@ -204,9 +204,11 @@ def test_entry_checks_every_argument_natively(cache_dir):
         exe([x, w.T.copy(), ct])
     with pytest.raises(TypeError, match=r"argument 2 must be float32\[\], got float32\[1\]"):
         exe([x, w, ct.reshape(1)])
-    with pytest.raises(TypeError, match="argument 0 of type dict is not an array"):
+    with pytest.raises(TypeError, match=r"argument 0 of type dict is not an array \(expected "
+                                        r"float32\[3, 4\]\)"):
         exe([{"x": x}, w, ct])
-    with pytest.raises(TypeError, match="takes 3 arguments, got 4"):
+    with pytest.raises(TypeError, match=r"takes 3 arguments \(float32\[3, 4\], float32\[4, "
+                                        r"2\], float32\[\]\), got 4"):
         exe([x, w, ct, ct])
     class Shaped(np.ndarray):      # a subclass's own shape is not what the entry reads
         shape = property(lambda self: (3, 4))
@@ -214,6 +216,50 @@ def test_entry_checks_every_argument_natively(cache_dir):
     with pytest.raises(TypeError, match=r"argument 0 must be float32\[3, 4\], got "
                                         r"float32\[12\]"):
         exe([x.reshape(12).view(Shaped), w, ct])
+
+
+def test_layout_check_reports_instead_of_crashing_and_falls_back_to_the_interpreter(tmp_path):
+    """On a build whose objects the entry cannot read, importing tracegrad warns and runs
+    graphs on the interpreter; making native code says why. The check itself reads what it
+    doubts through /proc/self/mem: offsets that are wrong give a reason, not a segfault."""
+    child = textwrap.dedent("""
+        import sys, warnings
+        import numpy as np
+        import numpy.testing
+        real = getattr(sys, "abiflags", "")
+        sys.abiflags = real + "t"       # as a free-threaded build's
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import tracegrad as tg
+            from tracegrad import ir, runtime
+        sys.abiflags = real
+        print(any("no native backend" in str(w.message) for w in caught))
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        g = tg.jit(tg.grad(lambda x: tg.sum(tg.sin(x) * x)))
+        np.testing.assert_allclose(g(x), np.sin(x) + x * np.cos(x), rtol=1e-5)
+        print(runtime.stats.compiles)
+        b = ir.Builder()
+        v = b.new_input(ir.Aval((3,), np.dtype(np.float32)))
+        with b.active():
+            out = v * 2.0
+        try:
+            runtime.compile_graph(b.build([out]))
+        except RuntimeError as e:
+            print("free-threaded" in str(e))
+        from tracegrad.codegen import unbox
+        from tracegrad.runtime import executable
+        print(executable._layout_problem())
+        for name, wrong in (("LIST_ITEMS", 32), ("ARRAY_DIMS", 24), ("ARRAY_ND", 28)):
+            right = getattr(unbox, name)
+            setattr(unbox, name, wrong)
+            print(executable._layout_problem() is not None)
+            setattr(unbox, name, right)
+    """)
+    env = dict(os.environ, PYTHONPATH=ROOT, TRACEGRAD_CACHE_DIR=str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["True", "0", "True", "None", "True", "True", "True"]
 
 
 @pytest.mark.parametrize("first", ["int64", "longlong"])

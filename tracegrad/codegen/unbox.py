@@ -11,7 +11,13 @@ wrong, and calls again. Outputs are arrays the runtime has just allocated: only 
 pointers are read.
 
 The offsets below are CPython's and numpy's object layouts on 64-bit builds (numpy 1.x and
-2.x share them); the runtime checks every one against live objects when it is imported."""
+2.x share them); the runtime checks every one against live objects when it is imported, and
+on a build where they differ runs graphs on the interpreter instead.
+
+The entry runs with the GIL released, so it reads the arrays' shapes and dtypes without it:
+another thread changing an argument's shape in place (`x.shape = ...`, `x.resize(...)`)
+during the call races with it, as it would with numpy's own loops. The list is the
+runtime's own; the arrays in it stay referenced until the call returns."""
 from __future__ import annotations
 
 import sys

@@ -2,7 +2,7 @@
 from . import stats
 from .cache import (cache_dir, clear_memory_cache, compile_graph, find_compiled,
                     may_have_compiled, run_graph)
-from .executable import Executable
+from .executable import LAYOUT_PROBLEM, Executable
 from .pool import num_threads, set_num_threads
 
 __all__ = ["Executable", "cache_dir", "clear_memory_cache", "compile_graph", "num_threads",
@@ -14,6 +14,11 @@ def _register() -> None:
     try:
         from ..tracer import executor
     except ImportError:   # the tracer is optional for the runtime
+        return
+    if LAYOUT_PROBLEM:
+        import warnings
+        warnings.warn(f"tracegrad: no native backend on this Python ({LAYOUT_PROBLEM}); "
+                      "graphs run on the reference interpreter", RuntimeWarning, stacklevel=2)
         return
     executor.set_backend(compile_graph, run_graph, find_compiled, may_have_compiled)
 

@@ -36,7 +36,8 @@ MAGIC = b"TGOBJ001"
 
 def backend_revision() -> str:
     """A digest of the code generator's and the runtime's source (the pass pipeline, the BLAS
-    binding) and of llvmlite's version: editing any of them invalidates cached object code.
+    binding), of llvmlite's version and numpy's (the entry compares numpy's type numbers,
+    which numpy 2 changed on some platforms): changing any of them invalidates cached code.
     It is of the source this process imported (taken when this module loads, after codegen/
     and the rest of runtime/): read later, it would file code compiled by the old modules
     under the edited files' key, where a process running the new code would load it."""
@@ -47,7 +48,7 @@ def _source_digest() -> str:
     import llvmlite
 
     from .. import codegen
-    h = hashlib.sha256(llvmlite.__version__.encode())
+    h = hashlib.sha256(f"{llvmlite.__version__}|numpy {np.__version__}".encode())
     for folder in (os.path.dirname(codegen.__file__), os.path.dirname(__file__)):
         for name in sorted(os.listdir(folder)):
             if name.endswith(".py"):

@@ -3,6 +3,7 @@ arguments itself (codegen/unbox.py); arguments it rejects are converted or repor
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from typing import Any, Callable, Sequence
 
@@ -15,36 +16,69 @@ from .blas import blas_threads_address, gemm_addresses
 from .pool import parallel_for_address
 
 
-def _check_object_layouts() -> None:
-    """The entry reads lists and arrays at the offsets of codegen/unbox.py: check them."""
+def _layout_problem() -> str | None:
+    """Why the entry cannot read lists and arrays at the offsets of codegen/unbox.py on this
+    build, or None when it can. The build comes first, then the fields that are read in
+    place; the two pointers the entry follows (a list's items, an array's dimensions) are
+    followed only once the fields holding them were found where expected, so a build with
+    another layout gets a reason, not a crash. Probe values are distinct (a 3-item list, a
+    7x5 array): a field read at another's offset cannot pass."""
+    if sys.implementation.name != "cpython":
+        return f"{sys.implementation.name} is not CPython"
+    if ctypes.sizeof(ctypes.c_void_p) != 8:
+        return "not a 64-bit build"
+    if "t" in getattr(sys, "abiflags", ""):    # (3.13's; its objects have other headers)
+        return "a free-threaded build"
+
     def word(addr: int, ty: type = ctypes.c_ssize_t) -> int:
         return ty.from_address(addr).value
 
     def flags(x: np.ndarray) -> int:
         return word(id(x) + unbox.ARRAY_FLAGS, ctypes.c_int32) & unbox.C_CONTIGUOUS_ALIGNED
 
-    a = np.empty((3, 5), np.float32)[:2]
-    lst = [a, None]
+    a = np.empty((9, 5), np.float32)[:7]
+    lst = [a, None, None]
     descr = id(a.dtype)
-    dims = word(id(a) + unbox.ARRAY_DIMS)
     swapped = a.dtype.newbyteorder()
     unaligned = np.zeros(9, np.uint8)[1:].view(np.float32)
-    found = [word(id(lst) + unbox.OB_TYPE), word(id(lst) + unbox.OB_SIZE),
-             word(word(id(lst) + unbox.LIST_ITEMS)), word(id(a) + unbox.ARRAY_DATA),
-             word(id(a) + unbox.ARRAY_ND, ctypes.c_int32), word(dims), word(dims + 8),
-             word(id(a) + unbox.ARRAY_DESCR), flags(a), flags(a[:, ::2]), flags(unaligned),
-             word(descr + unbox.DESCR_TYPE_NUM, ctypes.c_int32),
-             word(descr + unbox.DESCR_BYTEORDER, ctypes.c_char),
-             ord(word(id(swapped) + unbox.DESCR_BYTEORDER, ctypes.c_char))]
-    expected = [id(list), 2, id(a), a.ctypes.data, 2, 2, 5, descr,
-                unbox.C_CONTIGUOUS_ALIGNED, 1 << 8, 1, a.dtype.num, a.dtype.byteorder.encode(),
-                unbox.SWAPPED]
-    if found != expected or word(id(a) + unbox.OB_TYPE) != id(np.ndarray):
-        raise ImportError("tracegrad: unexpected Python list or numpy array object layout; "
-                          "the native backend cannot read its arguments on this build")
+    in_place = [word(id(lst) + unbox.OB_TYPE), word(id(lst) + unbox.OB_SIZE),
+                word(id(a) + unbox.OB_TYPE), word(id(a) + unbox.ARRAY_DATA),
+                word(id(a) + unbox.ARRAY_ND, ctypes.c_int32), word(id(a) + unbox.ARRAY_DESCR),
+                flags(a), flags(a[:, ::2]), flags(unaligned),
+                word(descr + unbox.DESCR_TYPE_NUM, ctypes.c_int32),
+                word(descr + unbox.DESCR_BYTEORDER, ctypes.c_char),
+                ord(word(id(swapped) + unbox.DESCR_BYTEORDER, ctypes.c_char))]
+    if in_place != [id(list), 3, id(np.ndarray), a.ctypes.data, 2, descr,
+                    unbox.C_CONTIGUOUS_ALIGNED, 1 << 8, 1, a.dtype.num,
+                    a.dtype.byteorder.encode(), unbox.SWAPPED]:
+        return "unexpected list or numpy array object layout"
+    items, dims = word(id(lst) + unbox.LIST_ITEMS), word(id(a) + unbox.ARRAY_DIMS)
+    if [_peek(items), _peek(dims), _peek(dims + 8)] != [id(a), 7, 5]:
+        return "unexpected list or numpy array object layout"
+    return None
 
 
-_check_object_layouts()
+def _peek(addr: int) -> int | None:
+    """The word at `addr`, or None where it cannot be read. Read through /proc/self/mem
+    where the process may open it (an unmapped address is an error there, not a crash);
+    elsewhere directly, which _layout_problem does only once the fields around it were
+    found where expected."""
+    try:
+        mem = open("/proc/self/mem", "rb", buffering=0)     # (closed below)
+    except OSError:
+        return ctypes.c_ssize_t.from_address(addr).value
+    with mem:
+        try:
+            mem.seek(addr)
+            data = mem.read(8)
+        except (OSError, OverflowError, ValueError):
+            return None
+    return int.from_bytes(data, sys.byteorder, signed=True) if len(data) == 8 else None
+
+
+# Set at import: with a reason here, the tracer runs graphs on the interpreter (tracegrad.
+# runtime does not register itself) and making an Executable raises.
+LAYOUT_PROBLEM = _layout_problem()
 
 ENTRY_TYPE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.c_void_p)
@@ -78,6 +112,10 @@ class Executable:
 
     def __init__(self, graph: Graph, layout: Layout, address: int, tracker: Any,
                  key: str, code_text: Callable[[str], str]):
+        if LAYOUT_PROBLEM:
+            raise RuntimeError("tracegrad: compiled graphs cannot read their arguments on "
+                               f"this Python ({LAYOUT_PROBLEM}); run them on the interpreter "
+                               "(tg.config.disable_jit = True)")
         self.graph = graph
         self.layout = layout
         self.key = key
@@ -114,7 +152,8 @@ class Executable:
         """Argument `i` as the array the entry takes, or why it cannot be."""
         shape, dtype = self._in[i]
         if not isinstance(a, np.ndarray):
-            not_array = f"argument {i} of type {type(a).__name__} is not an array"
+            not_array = (f"argument {i} of type {type(a).__name__} is not an array "
+                         f"(expected {dtype}{list(shape)})")
             try:
                 a = np.asarray(a)
             except Exception:
@@ -139,8 +178,9 @@ class Executable:
         bad = self._run(arrays, outs)
         if bad:
             if len(arrays) != len(self._in):
-                raise TypeError(f"compiled graph takes {len(self._in)} arguments, got "
-                                f"{len(arrays)}")
+                want = ", ".join(f"{dtype}{list(shape)}" for shape, dtype in self._in)
+                raise TypeError(f"compiled graph takes {len(self._in)} arguments ({want}), "
+                                f"got {len(arrays)}")
             arrays = [self._convert(i, a) for i, a in enumerate(arrays)]
             bad = self._run(arrays, outs)
             if bad:
