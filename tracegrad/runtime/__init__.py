@@ -16,9 +16,24 @@ def _register() -> None:
     except ImportError:   # the tracer is optional for the runtime
         return
     if LAYOUT_PROBLEM:
+        import os
+        import sys
         import warnings
+        # (pointing at the user's import: the first frame outside tracegrad and the import
+        # machinery, whose frames `warnings` skips without counting them)
+        ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        level, f = 1, sys._getframe(0)
+        while f.f_back is not None:
+            name = f.f_code.co_filename
+            internal = "importlib" in name and "_bootstrap" in name
+            if not (internal or name.startswith(ours)):
+                break
+            f = f.f_back
+            level += not ("importlib" in f.f_code.co_filename and
+                          "_bootstrap" in f.f_code.co_filename)
         warnings.warn(f"tracegrad: no native backend on this Python ({LAYOUT_PROBLEM}); "
-                      "graphs run on the reference interpreter", RuntimeWarning, stacklevel=2)
+                      "graphs run on the reference interpreter", RuntimeWarning,
+                      stacklevel=level)
         return
     executor.set_backend(compile_graph, run_graph, find_compiled, may_have_compiled)
 

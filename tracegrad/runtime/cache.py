@@ -26,7 +26,7 @@ from ..ir import Graph, structural_hash
 from . import stats
 from .blas import blas_int_bits
 from .compiler import compile_object, optimised_module
-from .executable import Executable
+from .executable import Executable, check_layout
 from .jit import load_object
 from .pool import num_threads
 from .target import emit_assembly, target_id
@@ -149,6 +149,7 @@ def _code_text(graph: Graph, mod_holder: list) -> Any:
 
 def compile_graph(graph: Graph) -> Executable:
     """Compile `graph` (or load its object code from the disk cache) into an Executable."""
+    check_layout()
     key = cache_key(graph)
     hit = _memory.get(key)
     if hit is not None:
@@ -188,6 +189,7 @@ _listed: list = [None, 0.0, False]
 
 def find_compiled(graph: Graph) -> Executable | None:
     """`graph`'s code if this process or the disk cache already has it; never compiles."""
+    check_layout()
     key = cache_key(graph)
     hit = _memory.get(key)
     if hit is not None:

@@ -3,6 +3,7 @@ arguments itself (codegen/unbox.py); arguments it rejects are converted or repor
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import threading
 from typing import Any, Callable, Sequence
@@ -59,26 +60,49 @@ def _layout_problem() -> str | None:
 
 
 def _peek(addr: int) -> int | None:
-    """The word at `addr`, or None where it cannot be read. Read through /proc/self/mem
-    where the process may open it (an unmapped address is an error there, not a crash);
-    elsewhere directly, which _layout_problem does only once the fields around it were
-    found where expected."""
-    try:
-        mem = open("/proc/self/mem", "rb", buffering=0)     # (closed below)
-    except OSError:
+    """The word at `addr`, or None where it cannot be read: the C library writes it to a pipe
+    (a bad address is an error of the call, EFAULT, not a crash). Without a C library to
+    ask (Windows), read directly, which _layout_problem does only once the fields around it
+    were found where expected."""
+    if _write is None:
         return ctypes.c_ssize_t.from_address(addr).value
-    with mem:
-        try:
-            mem.seek(addr)
-            data = mem.read(8)
-        except (OSError, OverflowError, ValueError):
+    if not 0 < addr < 1 << 63:
+        return None
+    r, w = os.pipe()
+    try:
+        if _write(w, addr, 8) != 8:
             return None
+        data = os.read(r, 8)
+    finally:
+        os.close(r)
+        os.close(w)
     return int.from_bytes(data, sys.byteorder, signed=True) if len(data) == 8 else None
 
 
+def _libc_write() -> Any:
+    try:
+        fn = ctypes.CDLL(None).write
+    except (OSError, AttributeError, TypeError):    # no process-wide C library (Windows)
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
+    fn.restype = ctypes.c_ssize_t
+    return fn
+
+
+_write = _libc_write()
+
+
 # Set at import: with a reason here, the tracer runs graphs on the interpreter (tracegrad.
-# runtime does not register itself) and making an Executable raises.
+# runtime does not register itself) and compiling a graph raises (check_layout).
 LAYOUT_PROBLEM = _layout_problem()
+
+
+def check_layout() -> None:
+    """Raise unless compiled graphs can read their arguments on this Python."""
+    if LAYOUT_PROBLEM:
+        raise RuntimeError("tracegrad: compiled graphs cannot read their arguments on this "
+                           f"Python ({LAYOUT_PROBLEM}); run them on the interpreter "
+                           "(tg.config.disable_jit = True)")
 
 ENTRY_TYPE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.c_void_p)
@@ -112,10 +136,7 @@ class Executable:
 
     def __init__(self, graph: Graph, layout: Layout, address: int, tracker: Any,
                  key: str, code_text: Callable[[str], str]):
-        if LAYOUT_PROBLEM:
-            raise RuntimeError("tracegrad: compiled graphs cannot read their arguments on "
-                               f"this Python ({LAYOUT_PROBLEM}); run them on the interpreter "
-                               "(tg.config.disable_jit = True)")
+        check_layout()
         self.graph = graph
         self.layout = layout
         self.key = key
@@ -178,8 +199,9 @@ class Executable:
         bad = self._run(arrays, outs)
         if bad:
             if len(arrays) != len(self._in):
-                want = ", ".join(f"{dtype}{list(shape)}" for shape, dtype in self._in)
-                raise TypeError(f"compiled graph takes {len(self._in)} arguments ({want}), "
+                want = ", ".join(f"{dtype}{list(shape)}" for shape, dtype in self._in[:6])
+                more = ", ..." if len(self._in) > 6 else ""
+                raise TypeError(f"compiled graph takes {len(self._in)} arguments ({want}{more}), "
                                 f"got {len(arrays)}")
             arrays = [self._convert(i, a) for i, a in enumerate(arrays)]
             bad = self._run(arrays, outs)
