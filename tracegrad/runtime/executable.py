@@ -68,7 +68,10 @@ def _peek(addr: int) -> int | None:
         return ctypes.c_ssize_t.from_address(addr).value
     if not 0 < addr < 1 << 63:
         return None
-    r, w = os.pipe()
+    try:
+        r, w = os.pipe()
+    except OSError:     # (out of file descriptors)
+        return ctypes.c_ssize_t.from_address(addr).value
     try:
         if _write(w, addr, 8) != 8:
             return None
