@@ -19,18 +19,17 @@ def _register() -> None:
         import os
         import sys
         import warnings
-        # (pointing at the user's import: the first frame outside tracegrad and the import
-        # machinery, whose frames `warnings` skips without counting them)
+        # (pointing at the user's import: the first frame outside tracegrad, counted as
+        # `warnings` counts, skipping the import machinery's frames)
         ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         level, f = 1, sys._getframe(0)
-        while f.f_back is not None:
+        while (f := f.f_back) is not None:
             name = f.f_code.co_filename
-            internal = "importlib" in name and "_bootstrap" in name
-            if not (internal or name.startswith(ours)):
+            if "importlib" in name and "_bootstrap" in name:
+                continue
+            level += 1
+            if not name.startswith(ours):
                 break
-            f = f.f_back
-            level += not ("importlib" in f.f_code.co_filename and
-                          "_bootstrap" in f.f_code.co_filename)
         warnings.warn(f"tracegrad: no native backend on this Python ({LAYOUT_PROBLEM}); "
                       "graphs run on the reference interpreter", RuntimeWarning,
                       stacklevel=level)

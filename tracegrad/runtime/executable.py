@@ -96,7 +96,8 @@ _write = _libc_write()
 
 
 # Set at import: with a reason here, the tracer runs graphs on the interpreter (tracegrad.
-# runtime does not register itself) and compiling a graph raises (check_layout).
+# runtime does not register itself) and compiling a graph raises (check_layout, which
+# runtime.cache asks before it builds an Executable).
 LAYOUT_PROBLEM = _layout_problem()
 
 
@@ -139,7 +140,6 @@ class Executable:
 
     def __init__(self, graph: Graph, layout: Layout, address: int, tracker: Any,
                  key: str, code_text: Callable[[str], str]):
-        check_layout()
         self.graph = graph
         self.layout = layout
         self.key = key
