@@ -7,7 +7,12 @@ Per pass: the first calls one by one (every length is new until the 12th call), 
 repeats of lengths seen before; the phases are the pipeline's stages, timed by wrapping them
 (a stage that no longer exists under its name is left out, and the calls' totals still hold).
 
-Run: python bench/dynamic_breakdown.py [jit|tensor] [passes]
+With --warm, each process first runs the same workload at another size (H=48: every graph,
+template and shape-keyed rule new again for H=64) before the pass it times, so Python's and
+numpy's first-execution costs are paid beforehand: the pass then shows the work a new shape
+costs, and its difference from the cold pass is what a fresh process pays on top.
+
+Run: python bench/dynamic_breakdown.py [jit|tensor] [passes] [--warm]
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIRST = 11      # calls whose lengths are all new (wl_dynamic.lengths: 11 distinct)
@@ -71,40 +77,50 @@ def _wrap(stages: list, spent: dict) -> None:
         setattr(owner, name, timed)
 
 
-def _pass(kind: str) -> dict:
-    """One pass in this process: per call, its seconds and its stages' seconds."""
-    import wl_dynamic as D
-    spent: dict = collections.defaultdict(float)
-    _wrap(STAGES[kind], spent)
+def _workload(kind: str, spent: dict, H: int) -> Callable:
+    """One iteration of the workload at hidden size H, as a function of the length T."""
+    import numpy as np
     import tracegrad as tg
-    calls = []
+    rng = np.random.default_rng(0)
+    w0, u0 = ((rng.standard_normal((H, H)) / np.sqrt(H)).astype(np.float32) for _ in "wu")
+    xs0 = rng.standard_normal((16, 1, H)).astype(np.float32)
     if kind == "jit":
-        W, U, xs = D._data()
-
         def loss(W, U, xs, T):
-            h = tg.zeros((1, D.H))
+            h = tg.zeros((1, H))
             for t in range(T):
                 h = tg.tanh(h @ W + xs[t] @ U)
             return tg.sum(h * h)
         step = tg.jit(tg.value_and_grad(loss, argnums=(0, 1)), static_argnums=(3,))
-        run = lambda T: step(W, U, xs, T)     # noqa: E731
-    else:
-        import dynamic_tensor as DT
-        w0, u0, xs0 = DT.data()
-        Wt = tg.tensor(w0, requires_grad=True)
-        Ut = tg.tensor(u0, requires_grad=True)
-        xt = [tg.tensor(x) for x in xs0]
+        return lambda T: step(w0, u0, xs0, T)
+    Wt = tg.tensor(w0, requires_grad=True)
+    Ut = tg.tensor(u0, requires_grad=True)
+    xt = [tg.tensor(x) for x in xs0]
 
-        def run(T):
-            h = tg.zeros(1, D.H)
-            for t in range(T):
-                h = tg.tanh(h @ Wt + xt[t] @ Ut)
-            loss = (h * h).sum()
-            t0 = time.perf_counter()
-            loss.backward()
-            spent["backward()"] += time.perf_counter() - t0
-            Wt.grad = None
-            Ut.grad = None
+    def run(T: int) -> None:
+        h = tg.zeros(1, H)
+        for t in range(T):
+            h = tg.tanh(h @ Wt + xt[t] @ Ut)
+        loss = (h * h).sum()
+        t0 = time.perf_counter()
+        loss.backward()
+        spent["backward()"] += time.perf_counter() - t0
+        Wt.grad = None
+        Ut.grad = None
+    return run
+
+
+def _pass(kind: str, warm: bool) -> dict:
+    """One pass in this process: per call, its seconds and its stages' seconds. `warm`: run
+    the workload at H=48 first (see the module docstring)."""
+    import wl_dynamic as D
+    spent: dict = collections.defaultdict(float)
+    _wrap(STAGES[kind], spent)
+    if warm:
+        before = _workload(kind, spent, 48)
+        for T in D.lengths():
+            before(T)
+    run = _workload(kind, spent, D.H)
+    calls = []
     for T in D.lengths():
         spent.clear()
         t0 = time.perf_counter()
@@ -114,17 +130,17 @@ def _pass(kind: str) -> dict:
     return {"calls": calls}
 
 
-def _fresh(kind: str) -> dict:
+def _fresh(kind: str, warm: bool) -> dict:
     env = dict(os.environ, TRACEGRAD_CACHE_DIR=tempfile.mkdtemp(prefix="tracegrad-bench-"))
-    done = subprocess.run([sys.executable, __file__, "--pass", kind], capture_output=True,
-                          text=True, env=env, cwd=HERE)
+    done = subprocess.run([sys.executable, __file__, "--pass", kind] + ["--warm"] * warm,
+                          capture_output=True, text=True, env=env, cwd=HERE)
     if done.returncode != 0:
         raise RuntimeError(f"{kind} pass failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def report(kind: str, passes: int) -> None:
-    runs = [_fresh(kind)["calls"] for _ in range(passes)]
+def report(kind: str, passes: int, warm: bool = False) -> None:
+    runs = [_fresh(kind, warm)["calls"] for _ in range(passes)]
     n = len(runs[0])
 
     def med(i: int, key: str) -> float:
@@ -135,7 +151,8 @@ def report(kind: str, passes: int) -> None:
     groups = [(f"call {i} (T={runs[0][i]['T']})", [i]) for i in range(3)] + \
         [(f"calls 3-{FIRST - 1}, mean", list(range(3, FIRST))),
          (f"calls {FIRST}-{n - 1} (repeats), mean", list(range(FIRST, n)))]
-    print(f"dynamic, {kind}: median of {passes} fresh processes, microseconds")
+    what = " (code warmed on H=48 first)" if warm else ""
+    print(f"dynamic, {kind}: median of {passes} fresh processes{what}, microseconds")
     head = f"{'':32s}{'total':>8s}" + "".join(f"{lab:>12s}" for lab in labels)
     print(head)
     for name, idx in groups:
@@ -151,13 +168,15 @@ def report(kind: str, passes: int) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--pass"]:
+    args = [a for a in sys.argv[1:] if a != "--warm"]
+    warm = "--warm" in sys.argv
+    if args[:1] == ["--pass"]:
         from common import pin_threads
         pin_threads()
-        print(json.dumps(_pass(sys.argv[2])))
+        print(json.dumps(_pass(args[1], warm)))
     else:
-        kinds = [sys.argv[1]] if len(sys.argv) > 1 else ["jit", "tensor"]
-        count = int(sys.argv[2]) if len(sys.argv) > 2 else 7
+        kinds = args[:1] or ["jit", "tensor"]
+        count = int(args[1]) if len(args) > 1 else 7
         for k in kinds:
-            report(k, count)
+            report(k, count, warm)
             print()
