@@ -253,6 +253,41 @@ def test_products_of_few_rows_split_by_columns_equal_one_task():
         np.testing.assert_array_equal(a, b)
 
 
+# (m, k, n) of products that keep the i-k-j loop and are big enough to split: outer
+# products (mlp_step's weight gradients at batch 1) by rows, a row vector times B by columns
+IKJ_SPLIT = [(784, 1, 512), (300, 1, 900), (33, 1, 8000), (1, 784, 512), (1, 300, 1000)]
+
+
+@pytest.mark.parametrize("dtype", [F32, I64])
+def test_ikj_products_split_across_tasks_equal_one_task(dtype):
+    """Each element of a split product is still summed by one task in one order: the
+    results equal one task's bit for bit, and the interpreter's (for an update fused after
+    the product too, the SGD step at batch 1: w - 0.01 * x.T @ g)."""
+    shapes = [s for m, k, n in IKJ_SPLIT for s in ((m, k), (k, n), (m, n))]
+
+    def products(*xs):
+        out = []
+        for a, b, w in zip(xs[0::3], xs[1::3], xs[2::3], strict=True):
+            p = a @ b
+            out += [p, w - p * 3 if dtype == I64 else w - 0.01 * p]
+        return out
+    g = build(products, *[(s, dtype) for s in shapes])
+    args = [rand(s, dtype) for s in shapes]
+    before = runtime.num_threads()
+    try:
+        runtime.set_num_threads(1)
+        one = runtime.compile_graph(g)(args)
+        runtime.set_num_threads(2)
+        two = runtime.compile_graph(g)
+        assert two.layout.n_parallel >= 1
+        two = two(args)
+    finally:
+        runtime.set_num_threads(before)
+    for a, b in zip(one, two, strict=True):
+        np.testing.assert_array_equal(a, b)
+    check(g, args, rtol=1e-5 if dtype == F32 else None, atol=1e-4 if dtype == F32 else None)
+
+
 @pytest.mark.parametrize("m,k,n", [(4, 3, 5), (128, 64, 96), (250, 256, 128), (64, 512, 600)])
 def test_matmul_transposed_operands(m, k, n):
     g = build(lambda a, b: [E.transpose(a, (1, 0)) @ E.transpose(b, (1, 0)),
