@@ -253,9 +253,10 @@ def test_products_of_few_rows_split_by_columns_equal_one_task():
         np.testing.assert_array_equal(a, b)
 
 
-# (m, k, n) of products that keep the i-k-j loop and are big enough to split: outer
-# products (mlp_step's weight gradients at batch 1) by rows, a row vector times B by columns
-IKJ_SPLIT = [(784, 1, 512), (300, 1, 900), (33, 1, 8000), (1, 784, 512), (1, 300, 1000)]
+# (m, k, n) of products that keep the i-k-j loop: big enough ones (outer products, mlp_step's
+# weight gradients at batch 1) are split by rows, and a row vector times B is not
+IKJ_SPLIT = [(784, 1, 512), (300, 1, 900), (33, 1, 8000), (40, 3, 4096), (1, 784, 512),
+             (1, 300, 1000)]
 
 
 @pytest.mark.parametrize("dtype", [F32, I64])

@@ -85,6 +85,8 @@ def test_batch_one_weight_gradients_split_by_rows_with_their_updates():
         tasks, rows, by_columns = loop_tasks(plan.groups[i], 2)
         assert tasks == 2 and not by_columns and rows * 2 >= plan.groups[i].domain[0]
         assert loop_tasks(plan.groups[i], 1)[0] == 1
+    rows = [g for g in plan.groups if g.kind == "matmul" and g.domain[0] == 1]
+    assert rows and all(loop_tasks(g, 2)[0] == 1 for g in rows)  # (measured slower split)
 
 
 @pytest.mark.parametrize("dims", [(128, 300, 256, 200), (512, 96, 64, 700), (48, 70, 90, 30),

@@ -25,10 +25,10 @@ columns across the pool. Measured, 2 threads, 2-vCPU AMD EPYC (Zen 4), best of 1
   (1..12, 10) @ (512, 10)^T    i-k-j   8-31 us    dots   6-14 us   (16 rows: sgemm 8 vs 18)
 mlp_step (best of 15 x 20 steps) at batch 4-10 went from 0.47-0.65 ms to 0.36-0.49 ms. A single
 row keeps the i-k-j loop (it streams B already); from 13 rows, with a contraction shorter than
-DOTS_MIN_K, and for integers, the choice is as before. The i-k-j loop is split too: a row by
-columns, an outer product (mlp_step's weight gradients at batch 1) by rows, so that the update
-fused after it reads each task's block of the product from cache (`loop_tasks`): mlp_step at
-batch 1 went from 0.56 to 0.39 ms on the 2-vCPU Intel Xeon."""
+DOTS_MIN_K, and for integers, the choice is as before. The i-k-j loop of many rows (an outer
+product: mlp_step's weight gradients at batch 1) is split by rows, so that the update fused
+after it reads each task's block of the product from cache (`loop_tasks`): mlp_step at batch
+1 went from 0.56 to 0.39 ms on the 2-vCPU Intel Xeon."""
 from __future__ import annotations
 
 import math
@@ -272,8 +272,10 @@ SPLIT_MIN_OUT = 1 << 15      # ... and elements of C from which a short contract
 
 def loop_tasks(group: Group, threads: int) -> tuple[int, int, bool]:
     """(tasks, rows or columns per task, split columns?) for a generated matmul of one batch
-    big enough to split: a product of a few rows (`few_rows`) or a row vector times B by
-    columns, any other (an outer product: mlp_step's weight gradients at batch 1) by rows.
+    big enough to split: a product of a few rows (`few_rows`) by columns, the i-k-j loop of
+    at least 2 * SPLIT_MIN_ROWS rows (an outer product: mlp_step's weight gradients at batch
+    1) by rows. (A row vector times B stays one task: split by columns it measured slower,
+    a (1, 300) @ (300, 1000) with its bias and tanh 31 against 22 us.)
     Each task then writes its own block of C, and an epilogue fused into the product (the
     SGD update) reads that block while it is in cache instead of C coming back from memory:
     at batch 1 the 784x512 update took 245 us after the product as one task, 94 split, and
@@ -290,7 +292,7 @@ def loop_tasks(group: Group, threads: int) -> tuple[int, int, bool]:
         tasks = min(threads, m // SPLIT_MIN_ROWS)
         chunk = -(-m // tasks)
         return -(-m // chunk), chunk, False
-    if work < LOOP_SPLIT_WORK or n < 64:
+    if few_rows(group) is None or work < LOOP_SPLIT_WORK or n < 64:
         return 1, m, False
     tasks = min(threads, n // 32)
     chunk = -(-n // tasks)
