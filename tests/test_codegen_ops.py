@@ -103,6 +103,29 @@ def test_int_division_edge_cases():
         check(g, [x, y])
 
 
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_power_of_two_is_a_product(dtype):
+    """x ** 2 lowers to x * x (not the pow routine): exact, with pow's special values; other
+    exponents still call pow."""
+    x = np.array([1.5, -3.25, 0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -7e18, 2.0 ** -70],
+                 dtype)
+    g = build(lambda a: [E.pow(a, 2.0), E.pow(a, 3.0), E.pow(E.abs(a), 0.5)], (x.shape, dtype))
+    with np.errstate(all="ignore"):
+        sq, cube, root = runtime.compile_graph(g)([x])
+        np.testing.assert_array_equal(sq, x * x)
+        np.testing.assert_array_equal(np.signbit(sq), np.signbit(x * x))
+        check(g, [x])
+    from llvmlite import ir as llvm_ir
+    from tracegrad.codegen.scalar import lower_elementwise
+    ft = llvm_ir.FloatType() if dtype == F32 else llvm_ir.DoubleType()
+    fn = llvm_ir.Function(llvm_ir.Module(), llvm_ir.FunctionType(ft, [ft]), "f")
+    b = llvm_ir.IRBuilder(fn.append_basic_block())
+    for y, product in ((2.0, True), (3.0, False), (2.5, False)):
+        v = lower_elementwise(b, "pow", {}, [fn.args[0], llvm_ir.Constant(ft, y)],
+                              [dtype, dtype], dtype)
+        assert (getattr(v, "opname", None) == "fmul") == product, y
+
+
 def test_literals_and_bool_arithmetic():
     g = build(lambda x, p, q: [x * 2.5 + 1.0, 3.0 - x, E.add(p, q), E.mul(p, q),
                                E.maximum(p, q), E.minimum(p, q)],

@@ -220,6 +220,11 @@ def lower_elementwise(b: ir.IRBuilder, op: str, params: dict, args: Sequence[ir.
     if op == "min":
         return intrinsic(b, "llvm.minimum" if fl else "llvm.smin", [x, y])
     if op == "pow":
+        if fl and isinstance(y, ir.Constant) and y.constant == 2.0:
+            # x ** 2 (a squared error): one product, not the pow polynomial (var of 4096x256
+            # over axis 0 took 1.25 ms through pow, 0.19 through x * x); x * x is exact to
+            # the half ulp, and pow's special values (nan, inf, -0) square alike
+            return b.fmul(x, x)
         return math(b, "pow", [x, y]) if fl else _int_pow(b, x, y)
     raise NotImplementedError(f"no lowering for binary {op}")
 
