@@ -154,25 +154,28 @@ def test_threaded_results_equal_single_threaded():
         np.testing.assert_array_equal(a, b)   # bitwise: tasks are fixed at compile time
 
 
-@pytest.mark.parametrize("shape", [(1000, 515), (517, 300), (301, 2049)])
+@pytest.mark.parametrize("shape", [(1000, 515), (517, 300), (301, 2049), (3, 300, 200),
+                                   (2, 700, 300), (40, 70, 80), (2, 3, 150, 170)])
 def test_elementwise_reads_through_a_transpose_run_in_tiles(shape):
-    """A group reading a transposed array walks the domain in tiles (codegen/loops._tiled):
-    the same values as row by row, for sizes that are no multiple of the tile, in every task
-    of the rows' split (1 and 3 threads: bit for bit, and against the interpreter)."""
+    """A group reading an array transposed in its last two axes walks them in tiles
+    (codegen/loops._tiled): the same values as row by row, for sizes that are no multiple of
+    the tile, with the task loop over the leading axes or over all but the last (1 and 3
+    threads: bit for bit, and against the interpreter)."""
     from tracegrad.codegen.loops import _tiled, split
-    m, n = shape
+    *lead, m, n = shape
+    perm = tuple(range(len(lead))) + (len(lead) + 1, len(lead))
 
     def f(a, b, c):
-        at = E.transpose(a, (1, 0))
+        at = E.transpose(a, perm)
         return [at + b * c, E.tanh(at) * b]
-    g = build(f, ((n, m), F32), ((m, n), F32), ((), F32))
+    g = build(f, ((*lead, n, m), F32), (shape, F32), ((), F32))
     plan = plan_graph(g)
-    loops = [grp for grp in plan.groups if grp.kind == "loop" and grp.domain == (m, n)]
+    loops = [grp for grp in plan.groups if grp.kind == "loop" and grp.domain == shape]
     assert loops and all(_tiled(grp, split(grp)[0], [], None) for grp in loops)
-    args = [RNG.standard_normal((n, m)).astype(F32), RNG.standard_normal((m, n)).astype(F32),
+    args = [RNG.standard_normal((*lead, n, m)).astype(F32), RNG.standard_normal(shape).astype(F32),
             np.float32(0.75)]
     out = check(g, args)
-    np.testing.assert_array_equal(out[0], args[0].T + args[1] * args[2])   # (exact ops)
+    np.testing.assert_array_equal(out[0], args[0].transpose(perm) + args[1] * args[2])
     exe = runtime.compile_graph(g)
     before = runtime.num_threads()
     try:
