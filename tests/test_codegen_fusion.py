@@ -187,3 +187,36 @@ def test_elementwise_reads_through_a_transpose_run_in_tiles(shape):
         runtime.set_num_threads(before)
     for a, b in zip(one, three, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("shape", [(1000, 515), (2, 700, 300)])
+@pytest.mark.parametrize("over", ["leading", "all", "rows"])
+def test_reductions_over_transposed_reads_run_in_tiles(shape, over):
+    """Sums over the leading axes (each element added to its output in memory: the same
+    order as row by row) and over everything (one accumulator per task, in tile order)
+    walk tiles too; one along the rows keeps the row walk. Bit for bit on 1 and 3 threads,
+    and against the interpreter."""
+    from tracegrad.codegen.loops import _tiled, reductions, split
+    *lead, m, n = shape
+    perm = tuple(range(len(lead))) + (len(lead) + 1, len(lead))
+    axes = {"leading": tuple(range(len(shape) - 1)), "all": tuple(range(len(shape))),
+            "rows": (len(shape) - 1,)}[over]
+    g = build(lambda a, b: [E.reduce_sum(E.transpose(a, perm) * b, axes)],
+              ((*lead, n, m), F32), (shape, F32))
+    grp, = [grp for grp in plan_graph(g).groups if grp.kind == "loop"]
+    p, tasks = split(grp)
+    assert _tiled(grp, p, reductions(grp, p, tasks), None) == (over != "rows")
+    args = [RNG.standard_normal((*lead, n, m)).astype(F32),
+            RNG.standard_normal(shape).astype(F32)]
+    check(g, args, rtol=1e-4, atol=1e-3)
+    exe = runtime.compile_graph(g)
+    before = runtime.num_threads()
+    try:
+        runtime.set_num_threads(1)
+        one = exe(args)
+        runtime.set_num_threads(3)
+        three = exe(args)
+    finally:
+        runtime.set_num_threads(before)
+    for a, b in zip(one, three, strict=True):
+        np.testing.assert_array_equal(a, b)
