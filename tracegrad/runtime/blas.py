@@ -13,7 +13,7 @@ import ctypes
 import functools
 import glob
 import os
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 
 class Gemm(NamedTuple):
@@ -83,24 +83,6 @@ def gemm_addresses() -> tuple[int, int]:
     """(sgemm, dgemm), or (0, 0) without BLAS."""
     g = gemm()
     return (g.sgemm, g.dgemm) if g else (0, 0)
-
-
-@functools.cache
-def numpy_blas_threads() -> Callable[[int], int] | None:
-    """`openblas_set_num_threads_local` of numpy's own OpenBLAS as a function (a thread
-    count for the calling thread -> its previous one), or None: the BLAS that interpreted
-    graphs' matmuls run on (autograd_exec limits it while compiling in the background)."""
-    import numpy
-    libs = os.path.join(os.path.dirname(os.path.dirname(numpy.__file__)), "numpy.libs")
-    for path in glob.glob(os.path.join(libs, "*openblas*.so*")):
-        try:
-            fn = ctypes.CDLL(path).openblas_set_num_threads_local
-        except (OSError, AttributeError):
-            continue
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_int]
-        return fn
-    return None
 
 
 def blas_threads_address() -> int:

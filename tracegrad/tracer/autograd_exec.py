@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import gc
 import itertools
-import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -242,26 +241,10 @@ class CachedGraph:
         self.spent += time.perf_counter() - t0
         n = len(self.plan.steps) if self.plan is not None else len(self.graph.eqns)
         if self.spent > COMPILE_SECONDS_PER_EQN * n:
-            with _compiling_lock:
-                _compiling[0] += 1
-            self.future = _compiler().submit(_in_background, self._compile)
+            self.future = _compiler().submit(self._compile)
         return out
 
     def _interpret(self, args: list) -> list:
-        limit = executor._backend.get("blas_threads") if _compiling[0] else None
-        if limit is None:
-            return self._interpret_now(args)
-        # A compile in the background takes a core: numpy's matmuls here keep to one thread
-        # meanwhile (two would share the other core with it, each waiting on the other; an
-        # MLP step in Tensors stalled 115-132 ms while its graph compiled, 35-39 so; 100
-        # steps took 615-649 ms, 479-493 so)
-        before = limit(1)
-        try:
-            return self._interpret_now(args)
-        finally:
-            limit(before)
-
-    def _interpret_now(self, args: list) -> list:
         plan = self.plan
         if plan is not None and not config.debug_nans and executor._reference.eqn_hook is None:
             return plan(args)
@@ -280,18 +263,6 @@ def has_backend() -> bool:
 
 def execute_interpreted(graph: ir.Graph, args: list) -> list:
     return executor._interpret(graph, args)
-
-
-_compiling = [0]     # compiles submitted to _compiler and not finished (see _interpret)
-_compiling_lock = threading.Lock()
-
-
-def _in_background(compile_fn: Callable) -> Any:
-    try:
-        return compile_fn()
-    finally:
-        with _compiling_lock:
-            _compiling[0] -= 1
 
 
 def _compiler() -> Any:

@@ -33,17 +33,13 @@ MAX_HEAT_ENTRIES = 4096
 
 
 def set_backend(compile_fn: Callable, run_fn: Callable,
-                lookup_fn: Callable | None = None, may_hit_fn: Callable | None = None,
-                blas_threads_fn: Callable | None = None) -> None:
-    """`blas_threads_fn(n) -> previous`: sets the calling thread's count of numpy's BLAS."""
+                lookup_fn: Callable | None = None, may_hit_fn: Callable | None = None) -> None:
     _backend["compile"] = compile_fn
     _backend["run"] = run_fn
     if lookup_fn is not None:
         _backend["lookup"] = lookup_fn
     if may_hit_fn is not None:
         _backend["may_hit"] = may_hit_fn
-    if blas_threads_fn is not None:
-        _backend["blas_threads"] = blas_threads_fn
 
 
 def _interpret(graph: ir.Graph, args: Sequence[Any]) -> list[np.ndarray]:
