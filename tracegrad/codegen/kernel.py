@@ -59,6 +59,14 @@ class Kernel:
                 self.b.position_before(self.entry_block.instructions[0])
             return self.b.alloca(t)
 
+    def task_range(self, size: int, chunk: int) -> tuple[ir.Value, ir.Value]:
+        """(start, stop) of this task's share of 0..size: chunk after chunk, the last cut."""
+        b = self.b
+        lo = b.mul(self.task, ir.Constant(I64, chunk))
+        hi = b.add(lo, ir.Constant(I64, chunk))
+        return lo, b.select(b.icmp_signed("<", hi, ir.Constant(I64, size)), hi,
+                            ir.Constant(I64, size))
+
     def for_range(self, start: ir.Value, stop: ir.Value,
                   body: Callable[[ir.Value], None]) -> None:
         b = self.b

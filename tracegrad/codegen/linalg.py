@@ -115,28 +115,17 @@ def emit_matmul(k: Kernel, group: Group, blas: bool,
         _blas(k, group, ta, tb, pa, pb, pc, split, ir.IntType(int_bits))
         return
 
-    kind = few_rows(group)
-    if kind is not None:    # this task's columns (see loop_tasks); one batch
-        j0, j1 = i64(0), i64(n)
-        if split[0] > 1:
-            j0 = b.mul(k.task, i64(split[1]))
-            j1 = b.add(j0, i64(split[1]))
-            j1 = b.select(b.icmp_signed("<", j1, i64(n)), j1, i64(n))
-        (_dots if kind == "dots" else _rows_by_k)(k, dt, pa, pb, pc, m, kk, n, sa0, sa1,
-                                                  j0, j1)
-        return
-
     # this task's rows or columns of C (see loop_tasks; split products have one batch)
     rows, cols = (i64(0), i64(m)), (i64(0), i64(n))
     if split[0] > 1:
-        lo = b.mul(k.task, i64(split[1]))
-        dim = n if split[2] else m
-        hi = b.add(lo, i64(split[1]))
-        hi = b.select(b.icmp_signed("<", hi, i64(dim)), hi, i64(dim))
         if split[2]:
-            cols = (lo, hi)
+            cols = k.task_range(n, split[1])
         else:
-            rows = (lo, hi)
+            rows = k.task_range(m, split[1])
+    kind = few_rows(group)
+    if kind is not None:    # (split by columns only)
+        (_dots if kind == "dots" else _rows_by_k)(k, dt, pa, pb, pc, m, kk, n, sa0, sa1, *cols)
+        return
 
     def each_batch(t):
         oa, ob, oc = (b.mul(t, i64(s)) for s in (m * kk, kk * n, m * n))
@@ -284,7 +273,7 @@ def loop_tasks(group: Group, threads: int) -> tuple[int, int, bool]:
     Each element is still summed by one task in one order, so the split never changes
     results. Batched products run as one task."""
     batch, m, kk, n = gemm_dims(group)
-    if threads < 2 or batch != 1:
+    if threads < 2 or batch != 1 or kk == 0:     # (an empty contraction: zeros, one task)
         return 1, m, False
     work = m * kk * n
     if few_rows(group) is None and m >= 2 * SPLIT_MIN_ROWS and \

@@ -214,18 +214,13 @@ def emit_loop_group(k: Kernel, group: Group, producers: dict, p: int, n_tasks: i
         return
     reset(0)
 
-    def task_range(size: int, chunk: int) -> tuple[ir.Value, ir.Value]:
-        lo = b.mul(k.task, i64(chunk))
-        hi = b.add(lo, i64(chunk))
-        return lo, b.select(b.icmp_signed("<", hi, i64(size)), hi, i64(size))
-
     outer = math.prod(d[:p])
     chunk, cols = block if block is not None else (-(-outer // n_tasks), False)
     if cols:
         lo, hi = i64(0), i64(outer)
-        col_lo, col_hi = task_range(d[1], chunk)
+        col_lo, col_hi = k.task_range(d[1], chunk)
     else:
-        lo, hi = task_range(outer, chunk)
+        lo, hi = k.task_range(outer, chunk)
 
     if _tiled(group, p, reds, block):
         def element() -> None:     # (a reduction's accumulator spans one element here)
@@ -267,8 +262,7 @@ def _tiled(group: Group, p: int, reds: list, block: tuple | None) -> bool:
     d = group.domain
     return (len(d) >= 2 and p < len(d) and block is None
             and all(r.e == len(d) and not r.plain and r.q < p or r.e == 0 for r in reds)
-            and d[-1] > TILE and math.prod(d[p:-1]) * (math.prod(d[:p]) if p == len(d) - 1
-                                                       else 1) > TILE
+            and d[-1] > TILE and math.prod(d[:-1] if p == len(d) - 1 else d[p:-1]) > TILE
             and math.prod(d) >= TILE_MIN_SIZE
             and any(e.op == "transpose" and e.params["perm"][-1] != len(e.params["perm"]) - 1
                     for e in group.eqns))
