@@ -190,3 +190,43 @@ def test_damaged_cache_entry_is_detected_and_rebuilt(damage, monkeypatch):
         before = runtime.stats.disk_hits
         np.testing.assert_array_equal(tg.jit(f)(x), want)
         assert runtime.stats.disk_hits == before + 1
+
+
+def _openblas_thread_count():
+    """numpy's OpenBLAS's thread count getter, or None (then the tests below skip)."""
+    import ctypes
+    import glob
+    from tracegrad.runtime.blas import gemm
+    found = gemm()
+    if found is None or found.int_bits != 64 or not found.set_threads:    # not numpy's
+        return None
+    libs = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
+    for path in glob.glob(os.path.join(libs, "*openblas64*.so*")):
+        for name in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
+                     "openblas_get_num_threads"):
+            fn = getattr(ctypes.CDLL(path), name, None)
+            if fn is not None:
+                fn.restype = ctypes.c_int
+                return fn
+    return None
+
+
+@pytest.mark.parametrize("callers", [1, N_THREADS])
+def test_split_gemms_leave_openblas_thread_count_as_they_found_it(callers):
+    # the kernels set numpy's OpenBLAS to 1 thread around their ?gemm calls; the setter acts
+    # process-wide, so overlapping set/restore pairs (two pool tasks, two Python threads)
+    # once left it at 1 for good and numpy's own matmuls ran on one core afterwards
+    count = _openblas_thread_count()
+    if count is None:
+        pytest.skip("tracegrad does not call numpy's OpenBLAS here")
+    before, threads = count(), runtime.num_threads()
+    runtime.set_num_threads(2)
+    try:
+        f = tg.jit(lambda a, b: a @ b)
+        a = np.random.default_rng(0).random((512, 512), np.float32)
+        want = a @ a
+        _in_threads(lambda i: [np.testing.assert_allclose(f(a, a), want, rtol=1e-4)
+                               for _ in range(300 // callers)], callers)
+    finally:
+        runtime.set_num_threads(threads)
+    assert count() == before

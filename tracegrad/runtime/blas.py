@@ -13,6 +13,7 @@ import ctypes
 import functools
 import glob
 import os
+import threading
 from typing import NamedTuple
 
 
@@ -95,3 +96,38 @@ def blas_int_bits() -> int:
     """Width of the BLAS integer arguments (32 or 64), 0 without BLAS."""
     g = gemm()
     return g.int_bits if g else 0
+
+
+class OneBlasThread:
+    """`with one_blas_thread():` around a native call whose kernels call ?gemm from our pool
+    threads: OpenBLAS's thread count is 1 meanwhile, so it does not stack its own threads on
+    ours. `openblas_set_num_threads_local` acts process-wide in OpenBLAS's pthreads builds
+    (numpy's and scipy's wheels), so set/restore pairs that overlap in time (two tasks, two
+    Python threads) can leave the count at 1 for good; here the first of the overlapping
+    calls sets it and the last restores it, under a lock. (The kernels' own set/restore
+    around each ?gemm, for builds where the count is per thread, then finds 1 and keeps it.)"""
+
+    def __init__(self, setter: int):
+        self._set = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(setter) if setter else None
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._saved = 0
+
+    def __enter__(self) -> None:
+        if self._set is not None:
+            with self._lock:
+                if self._depth == 0:
+                    self._saved = self._set(1)
+                self._depth += 1
+
+    def __exit__(self, *exc) -> None:
+        if self._set is not None:
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._set(self._saved)
+
+
+@functools.cache
+def one_blas_thread() -> OneBlasThread:
+    return OneBlasThread(blas_threads_address())

@@ -13,7 +13,7 @@ import numpy as np
 from ..codegen import Layout, unbox
 from ..codegen.module import FIRST_SLOT
 from ..ir import Graph, Lit
-from .blas import blas_threads_address, gemm_addresses
+from .blas import blas_threads_address, gemm_addresses, one_blas_thread
 from .pool import parallel_for_address
 
 
@@ -218,6 +218,12 @@ class Executable:
         return self._assemble(arrays, outs)
 
     def _run(self, arrays: list, outs: list) -> int:
+        if self.layout.blas:
+            with one_blas_thread():
+                return self._run_entry(arrays, outs)
+        return self._run_entry(arrays, outs)
+
+    def _run_entry(self, arrays: list, outs: list) -> int:
         if self._lock.acquire(blocking=False):
             try:
                 return self._entry(self._frame.addr, id(arrays), id(outs))
