@@ -253,3 +253,76 @@ def test_composing_a_plan_pauses_the_collector_and_restores_it(monkeypatch):
     with pytest.raises(RuntimeError, match="composer failed"):
         new_graph(5)
     assert gc.isenabled()
+
+
+# ---- compiling in the background ---------------------------------------------------------------
+
+def test_interpreting_while_a_graph_compiles_keeps_numpy_blas_to_one_thread(monkeypatch):
+    """A backward graph that turned hot compiles in the background; until it is ready, the
+    interpreted runs keep numpy's BLAS to one thread (the compile has the other core), then
+    give the thread count back; the count of compiles in flight goes back to 0."""
+    import threading
+    import time
+    from tracegrad.tracer import executor
+    if not autograd_exec.has_backend():
+        pytest.skip("no native backend")
+    calls = []
+
+    class OneThread:
+        def __enter__(self):
+            calls.append("enter")
+
+        def __exit__(self, *exc):
+            calls.append("exit")
+    monkeypatch.setitem(executor._backend, "one_blas_thread", OneThread())
+    monkeypatch.setattr(autograd_exec, "COMPILE_SECONDS_PER_EQN", 0.0)   # hot at once
+    gate = threading.Event()
+    compile_now = autograd_exec.CachedGraph._compile
+
+    def slow_compile(self):
+        assert gate.wait(60)
+        return compile_now(self)
+    monkeypatch.setattr(autograd_exec.CachedGraph, "_compile", slow_compile)
+    rng = np.random.default_rng(5)
+    w = tg.tensor(rng.standard_normal((13, 7)).astype(np.float32), requires_grad=True)
+    x = tg.tensor(rng.standard_normal((11, 13)).astype(np.float32))
+
+    def step():
+        tg.tanh(x @ w).sum().backward()
+        g = w.grad.numpy().copy()
+        w.grad = None
+        return g
+    try:
+        first = step()          # interpreted, then submitted
+        assert autograd_exec._compiling[0] == 1 and calls == []
+        second = step()         # interpreted while it compiles
+        assert calls == ["enter", "exit"]
+    finally:
+        gate.set()
+    deadline = time.monotonic() + 60
+    while autograd_exec._compiling[0] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert autograd_exec._compiling[0] == 0
+    third = step()          # native
+    assert calls == ["enter", "exit"]
+    np.testing.assert_array_equal(first, second)
+    np.testing.assert_allclose(third, first, rtol=1e-5, atol=1e-6)
+
+
+def test_numpy_blas_guard_is_shared_with_the_kernels_and_restores_the_count():
+    from tracegrad.runtime import blas
+    guard = blas.numpy_one_blas_thread()
+    found = blas.gemm()
+    if found is not None and found.int_bits == 64:       # the kernels call numpy's OpenBLAS
+        assert guard is blas.one_blas_thread()
+    if guard._set is None:
+        pytest.skip("no OpenBLAS thread setter in numpy's libraries")
+    before = guard._set(3)
+    try:
+        with guard:
+            with guard:                    # nested (another thread's) use
+                assert guard._set(1) == 1
+            assert guard._set(1) == 1
+        assert guard._set(3) == 3
+    finally:
+        guard._set(before)

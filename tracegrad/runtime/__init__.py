@@ -1,5 +1,6 @@
 """Native execution: target machine, LLJIT, compile cache (memory + disk), the native call."""
 from . import stats
+from .blas import numpy_one_blas_thread
 from .cache import (cache_dir, clear_memory_cache, compile_graph, find_compiled,
                     may_have_compiled, run_graph)
 from .executable import LAYOUT_PROBLEM, Executable
@@ -34,7 +35,8 @@ def _register() -> None:
                       "graphs run on the reference interpreter", RuntimeWarning,
                       stacklevel=level)
         return
-    executor.set_backend(compile_graph, run_graph, find_compiled, may_have_compiled)
+    executor.set_backend(compile_graph, run_graph, find_compiled, may_have_compiled,
+                         numpy_one_blas_thread())
 
 
 _register()

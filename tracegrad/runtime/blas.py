@@ -129,5 +129,24 @@ class OneBlasThread:
 
 
 @functools.cache
+def _guard(setter: int) -> OneBlasThread:
+    return OneBlasThread(setter)     # (one per library: its users share the count)
+
+
 def one_blas_thread() -> OneBlasThread:
-    return OneBlasThread(blas_threads_address())
+    """The guard of the BLAS compiled kernels call."""
+    return _guard(blas_threads_address())
+
+
+@functools.cache
+def numpy_one_blas_thread() -> OneBlasThread:
+    """The guard of numpy's own OpenBLAS, which interpreted graphs' matmuls run on (the same
+    object as one_blas_thread() when compiled kernels call numpy's OpenBLAS too)."""
+    import numpy
+    libs = os.path.join(os.path.dirname(os.path.dirname(numpy.__file__)), "numpy.libs")
+    for path in glob.glob(os.path.join(libs, "*openblas*.so*")):
+        try:
+            return _guard(_address(ctypes.CDLL(path), "openblas_set_num_threads_local"))
+        except (OSError, AttributeError):
+            continue
+    return _guard(0)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import gc
 import itertools
+import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -241,10 +242,22 @@ class CachedGraph:
         self.spent += time.perf_counter() - t0
         n = len(self.plan.steps) if self.plan is not None else len(self.graph.eqns)
         if self.spent > COMPILE_SECONDS_PER_EQN * n:
-            self.future = _compiler().submit(self._compile)
+            with _compiling_lock:
+                _compiling[0] += 1
+            self.future = _compiler().submit(_in_background, self._compile)
         return out
 
     def _interpret(self, args: list) -> list:
+        one_thread = executor._backend.get("one_blas_thread") if _compiling[0] else None
+        if one_thread is None:
+            return self._interpret_now(args)
+        # A compile in the background takes a core: numpy's matmuls here keep to one thread
+        # meanwhile (two would share the other core with it, each waiting on the other: an
+        # MLP step in Tensors stalled 115-132 ms while its graph compiled, 28-40 so)
+        with one_thread:
+            return self._interpret_now(args)
+
+    def _interpret_now(self, args: list) -> list:
         plan = self.plan
         if plan is not None and not config.debug_nans and executor._reference.eqn_hook is None:
             return plan(args)
@@ -263,6 +276,18 @@ def has_backend() -> bool:
 
 def execute_interpreted(graph: ir.Graph, args: list) -> list:
     return executor._interpret(graph, args)
+
+
+_compiling = [0]     # compiles submitted to _compiler and not finished (see _interpret)
+_compiling_lock = threading.Lock()
+
+
+def _in_background(compile_fn: Callable) -> Any:
+    try:
+        return compile_fn()
+    finally:
+        with _compiling_lock:
+            _compiling[0] -= 1
 
 
 def _compiler() -> Any:

@@ -33,13 +33,17 @@ MAX_HEAT_ENTRIES = 4096
 
 
 def set_backend(compile_fn: Callable, run_fn: Callable,
-                lookup_fn: Callable | None = None, may_hit_fn: Callable | None = None) -> None:
+                lookup_fn: Callable | None = None, may_hit_fn: Callable | None = None,
+                one_blas_thread: Any = None) -> None:
+    """`one_blas_thread`: a context manager keeping numpy's BLAS to one thread."""
     _backend["compile"] = compile_fn
     _backend["run"] = run_fn
     if lookup_fn is not None:
         _backend["lookup"] = lookup_fn
     if may_hit_fn is not None:
         _backend["may_hit"] = may_hit_fn
+    if one_blas_thread is not None:
+        _backend["one_blas_thread"] = one_blas_thread
 
 
 def _interpret(graph: ir.Graph, args: Sequence[Any]) -> list[np.ndarray]:
