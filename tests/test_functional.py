@@ -248,3 +248,31 @@ def test_cross_entropy_accepts_dim():
     want = tg.nn.functional.cross_entropy(logits.T, labels, axis=-1)
     np.testing.assert_allclose(tg.nn.functional.cross_entropy(logits, labels, dim=0), want,
                                rtol=1e-6)
+
+
+def test_a_jit_compile_pauses_the_collector_and_restores_it():
+    import gc
+    seen = []
+
+    @tg.jit
+    def f(x):
+        seen.append(gc.isenabled())     # (during the trace)
+        return x * 2.0
+
+    f(np.ones(3, np.float32))
+    assert seen == [False] and gc.isenabled()
+    f(np.ones(3, np.float32))           # cached: no trace
+    assert seen == [False]
+    gc.disable()
+    try:
+        f(np.ones(4, np.float32))       # a user's collector already off stays off
+        assert seen == [False, False] and not gc.isenabled()
+    finally:
+        gc.enable()
+
+    @tg.jit
+    def bad(x):
+        raise ValueError("while tracing")
+    with pytest.raises(ValueError, match="while tracing"):
+        bad(np.ones(3, np.float32))
+    assert gc.isenabled()

@@ -6,7 +6,6 @@ one-graph backward pass used when no hook needs to see intermediate gradients (i
 composed from per-op backward templates, see autograd_compose)."""
 from __future__ import annotations
 
-import gc
 import itertools
 import threading
 import time
@@ -23,7 +22,7 @@ from .autograd_graph import (AccumulateGrad, Inplace, Node, check_saved, plain_e
                              rename_input)
 from ..config import config
 from . import executor
-from .executor import compile_graph
+from .executor import collector_paused, compile_graph
 from .grad_mode import mode, prune_tape
 
 CACHE_SIZE = 512
@@ -793,21 +792,14 @@ def _own_slot(w: Walk, n: Node, var: Var, acc: Any, val: Any) -> int | None:
 
 
 def _backward_graph(w: Walk, roots: list) -> CachedGraph:
-    # Composing a plan makes thousands of small objects, most kept: the cyclic collector runs
-    # several times meanwhile, scanning them and the graph just recorded (15-40% of a new
-    # length's compose). Paused here, it runs once after (the bench's Tensor pass: -4.5%,
-    # 13 interleaved fresh processes); a collector already off (the user's) stays off. (One
-    # another thread turns off meanwhile is turned on again here: a window of a compose.)
-    collecting = gc.isenabled()
-    if collecting:
-        gc.disable()
-    try:
-        plan, wrt = compose(w.order, w.in_vars, w.in_gsrc, roots)
-        return CachedGraph(None, wrt, optimized=False, plan=plan)
-    except NoTemplate:
-        pass
-    finally:
-        if collecting:
-            gc.enable()
+    # Composing a plan makes thousands of small objects, most kept: the cyclic collector
+    # would run several times meanwhile, scanning them and the graph just recorded (15-40% of
+    # a new length's compose; the bench's Tensor pass: -4.5%, 13 interleaved fresh processes)
+    with collector_paused():
+        try:
+            plan, wrt = compose(w.order, w.in_vars, w.in_gsrc, roots)
+            return CachedGraph(None, wrt, optimized=False, plan=plan)
+        except NoTemplate:
+            pass
     graph, wrt = compose_graph(w.order, w.in_vars, w.in_gsrc, roots)
     return CachedGraph(graph, wrt, optimized=False)

@@ -23,13 +23,13 @@ asked (after tape_walk vouched for the tape). Inputs are numbered in tape order 
 key reads them first), not in the walk's order: plans equal up to that renumbering."""
 from __future__ import annotations
 
-import gc
 import itertools
 from itertools import chain, repeat
 from typing import Any
 
 from ..ir.core import Aval, Var
 from .autograd_compose import Plan, _dot, _ndot, _synth, _synthetic
+from .executor import collector_paused
 
 # In a tape's key (autograd_exec.tape_walk), an input's first reference, without and with a
 # gradient (its slot is the number of inputs read before), and a second leaf's.
@@ -296,20 +296,15 @@ def learn(key: tuple, tape: list, root: Any, recipe: tuple) -> None:
         return
     entry[2] += 1
     a, b = (old, sample) if old[0] < n else (sample, old)
-    collecting = gc.isenabled()     # (as autograd_exec._backward_graph, for the same reason)
-    if collecting:
-        gc.disable()
     try:
-        a, b = _sample(*a), _sample(*b)
-        if a is None or b is None:
-            raise _Refused
-        t = derive(form, a, b)
+        with collector_paused():    # (as autograd_exec._backward_graph, for the same reason)
+            a, b = _sample(*a), _sample(*b)
+            if a is None or b is None:
+                raise _Refused
+            t = derive(form, a, b)
     except _Refused:
         entry[0] = sample       # (try the next length with this one)
         return
-    finally:
-        if collecting:
-            gc.enable()
     entry[1] = t
     entry[0] = None
     shape = (len(form[0]), len(form[1]), len(form[2]))

@@ -11,6 +11,8 @@ graph called in a loop is native after a few hundred calls. The estimate follows
 times this process actually measures."""
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib
 import time
 from typing import Any, Callable, Sequence
@@ -30,6 +32,23 @@ COMPILE_SECONDS_PER_EQN = 0.002   # initial estimate, then a running mean of mea
 _cost = {"per_eqn": COMPILE_SECONDS_PER_EQN}
 _heat: dict[str, float] = {}      # structural hash -> seconds spent interpreting it
 MAX_HEAT_ENTRIES = 4096
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off meanwhile (it runs again after). For work that
+    makes thousands of small objects and keeps most (tracing, differentiating, composing a
+    plan): the collector would run several times meanwhile, scanning them and everything
+    recorded before. A collector already off (the user's) stays off; one another thread
+    turns off meanwhile is turned on again here (a window of one such piece of work)."""
+    collecting = gc.isenabled()
+    if collecting:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def set_backend(compile_fn: Callable, run_fn: Callable,

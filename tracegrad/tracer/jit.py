@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import ir
 from ..config import config
-from .executor import Tiered, compile_graph
+from .executor import Tiered, collector_paused, compile_graph
 from .pytree import TreeDef, tree_flatten, unflattener
 from ..ir.builder import current_builder
 from ..ir.core import remember
@@ -247,13 +247,17 @@ class Jitted:
             return self.f(*args)     # inside another transform: trace through
         key = self._key(leaves, svals, tree)
         entry = self.cache.get(key)
-        if entry is None:
-            entry = self._compile(args, key)
+        if entry is not None:
+            return self._run(entry, leaves, fast)
+        # (tracing, differentiating and the first run, which writes the interpreter's plan,
+        # make thousands of objects and keep most: bench `dynamic` jit pass -6%)
+        with collector_paused():
+            return self._run(self._compile(args, key), leaves, fast)
+
+    def _run(self, entry: _Entry, leaves: list, fast: Any) -> Any:
         if fast is not None:
             self._fast[fast] = entry
-        vals = leaf_values(leaves, "argument")
-        outs = entry.run(vals)
-        return entry.unflatten(outs)
+        return entry.unflatten(entry.run(leaf_values(leaves, "argument")))
 
     def _call_with_keywords(self, args: tuple, kwargs: dict) -> Any:
         """Keyword arguments are traced like trailing positional ones (one cache per names)."""
