@@ -234,3 +234,50 @@ def test_a_replayed_unary_op_takes_the_template_of_its_operands_type():
             np.testing.assert_allclose(y.detach().numpy(), np.tanh(x0), rtol=1e-6)
             (y + z).sum().backward()
             np.testing.assert_allclose(x.grad.numpy(), 2 * (1 - np.tanh(x0) ** 2), rtol=1e-5)
+
+
+def test_sgd_updates_realised_together_are_each_one_output(monkeypatch):
+    # `p -= lr * p.grad` under no_grad leaves each parameter's new value pending; the next
+    # step's read realises them in one graph, whose outputs once named each updated value
+    # twice (as asked for and as a leaf's pending value): a copy of every parameter per step
+    made = []
+    real = autograd_exec.CachedGraph
+
+    def spy(graph=None, *a, **k):
+        made.append(graph)
+        return real(graph, *a, **k)
+    monkeypatch.setattr(autograd_exec, "CachedGraph", spy)
+    rng = np.random.default_rng(0)
+    x = tg.tensor(rng.standard_normal((5, 4)).astype(np.float32))
+    ws = [rng.standard_normal((4, 4)).astype(np.float32) for _ in range(3)]
+    params = [tg.tensor(w, requires_grad=True) for w in ws]
+    want = [w.copy() for w in ws]
+    for _ in range(3):
+        h = x
+        for p in params:
+            h = tg.tanh(h @ p)
+        h.sum().backward()
+        # the same step by hand, in numpy
+        hs = [x.numpy()]
+        for w in want:
+            hs.append(np.tanh(hs[-1] @ w))
+        g = np.ones_like(hs[-1])
+        grads = []
+        for i in range(len(want) - 1, -1, -1):
+            g = g * (1 - hs[i + 1] ** 2)
+            grads.append(hs[i].T @ g)
+            g = g @ want[i].T
+        grads.reverse()
+        with tg.no_grad():
+            for p in params:
+                p -= 0.1 * p.grad
+                p.grad = None
+        want = [w - np.float32(0.1) * gw for w, gw in zip(want, grads)]
+    values = [p.detach().numpy() for p in params]
+    for v, w in zip(values, want):
+        np.testing.assert_allclose(v, w, rtol=1e-4, atol=1e-5)
+    realised = [g for g in made if g is not None and len(g.outvars) >= len(params)]
+    assert realised, "the updates were never realised together"
+    for g in realised:
+        ids = [id(v) for v in g.outvars]
+        assert len(ids) == len(set(ids)), g.outvars

@@ -370,7 +370,8 @@ def realize_vars(targets: list[tuple[Var, Node]]) -> None:
         if not clash:     # then read it from that node, so it is ordered first
             break
         w = walk(roots, grad=False, force=clash if w.force is None else {**w.force, **clash})
-    extra = [(v, n) for n in w.leafs for v in n.out_vars]
+    asked = {v.id for v, _ in targets}     # (a target's node may be a leaf too: an output
+    extra = [(v, n) for n in w.leafs for v in n.out_vars if v.id not in asked]   # once)
     outs = targets + extra
     key = None
     if w.key is not None:
