@@ -171,26 +171,47 @@ def test_elementwise_reads_through_a_transpose_run_in_tiles(shape):
 
 
 @pytest.mark.parametrize("shape", [(1000, 515), (2, 700, 300)])
-@pytest.mark.parametrize("over", ["leading", "all", "rows"])
+@pytest.mark.parametrize("over", ["leading", "all", "rows", "rows and more"])
 def test_reductions_over_transposed_reads_run_in_tiles(shape, over):
     """Sums over the leading axes (each element added to its output in memory: the same
     order as row by row) and over everything (one accumulator per task, in tile order)
-    walk tiles too; one along the rows keeps the row walk. Bit for bit on 1 and 3 threads,
-    and against the interpreter."""
+    walk tiles too; for one along the rows the transpose is stored first, walking tiles, and
+    the sums read it row by row (plan._Planner.tiled_apart). Bit for bit on 1 and 3
+    threads, and against the interpreter."""
     from tracegrad.codegen.loops import _tiled, reductions, split
     *lead, m, n = shape
     perm = tuple(range(len(lead))) + (len(lead) + 1, len(lead))
     axes = {"leading": tuple(range(len(shape) - 1)), "all": tuple(range(len(shape))),
-            "rows": (len(shape) - 1,)}[over]
+            "rows": (len(shape) - 1,), "rows and more": tuple(range(1, len(shape)))}[over]
     g = build(lambda a, b: [E.reduce_sum(E.transpose(a, perm) * b, axes)],
               ((*lead, n, m), F32), (shape, F32))
-    grp, = [grp for grp in plan_graph(g).groups if grp.kind == "loop"]
-    p, tasks = split(grp)
-    assert _tiled(grp, p, reductions(grp, p, tasks), None) == (over != "rows")
+    groups = [grp for grp in plan_graph(g).groups if grp.kind == "loop"]
+    if over.startswith("rows"):
+        stored, grp = groups
+        assert [e.op for e in stored.eqns] == ["transpose"] and not stored.reductions
+        assert _tiled(stored, split(stored)[0], [], None)
+        assert "transpose" not in [e.op for e in grp.eqns]
+    else:
+        grp, = groups
+        p, tasks = split(grp)
+        assert _tiled(grp, p, reductions(grp, p, tasks), None)
     args = [RNG.standard_normal((*lead, n, m)).astype(F32),
             RNG.standard_normal(shape).astype(F32)]
     check(g, args, rtol=1e-4, atol=1e-3)
     _same_on_one_and_three_threads(runtime.compile_graph(g), args)
+
+
+@pytest.mark.parametrize("shape", [(300, 300), (16, 9000), (9000, 16)])
+def test_small_or_narrow_transposes_read_by_row_sums_stay_fused(shape):
+    """Below TILE_MIN_SIZE elements, or a tile wide or less, the row walk reads the
+    transpose in place (one group, nothing stored)."""
+    m, n = shape
+    g = build(lambda a, b: [E.reduce_sum(E.transpose(a, (1, 0)) * b, (1,))],
+              ((n, m), F32), (shape, F32))
+    grp, = [grp for grp in plan_graph(g).groups if grp.kind == "loop"]
+    assert "transpose" in [e.op for e in grp.eqns]
+    args = [RNG.standard_normal((n, m)).astype(F32), RNG.standard_normal(shape).astype(F32)]
+    check(g, args, rtol=1e-4, atol=1e-3)
 
 
 def _same_on_one_and_three_threads(exe, args):
