@@ -281,3 +281,48 @@ def test_sgd_updates_realised_together_are_each_one_output(monkeypatch):
     for g in realised:
         ids = [id(v) for v in g.outvars]
         assert len(ids) == len(set(ids)), g.outvars
+
+
+def test_steps_after_sgd_updates_reuse_their_tape_plan(monkeypatch):
+    # a training step's tape reads parameters whose in-place updates are pending: they are
+    # computed first and the step's known plan runs (no walk of the graph per step), with
+    # the gradients the node-by-node engine gives
+    rng = np.random.default_rng(2)
+    x0 = rng.standard_normal((6, 5)).astype(np.float32)
+    w0 = [rng.standard_normal((5, 5)).astype(np.float32) for _ in range(2)]
+
+    def train(steps, engine_only=False):
+        x = tg.tensor(x0)
+        params = [tg.tensor(w, requires_grad=True) for w in w0]
+        losses = []
+        for _ in range(steps):
+            h = x
+            for p in params:
+                h = tg.tanh(h @ p)
+            if engine_only:
+                h.register_hook(lambda g: g)     # forces the node-by-node engine
+            loss = (h * h).sum()
+            loss.backward()
+            losses.append(loss.item())
+            with tg.no_grad():
+                for p in params:
+                    p -= 0.05 * p.grad
+                    p.grad = None
+        return losses, [p.detach().numpy() for p in params]
+
+    train(3)        # the step's plan is made and filed
+    walks = []
+    real = autograd_exec.walk
+
+    def counted(roots, grad, force=None):
+        if grad:
+            walks.append(len(roots))
+        return real(roots, grad, force)
+    monkeypatch.setattr(autograd_exec, "walk", counted)
+    losses, params = train(4)
+    monkeypatch.setattr(autograd_exec, "walk", real)
+    assert walks == []      # (before: two walks per step once its parameters were pending)
+    want_losses, want = train(4, engine_only=True)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+    for p, q in zip(params, want):
+        np.testing.assert_allclose(p, q, rtol=1e-5, atol=1e-6)

@@ -428,6 +428,8 @@ def fast_backward(roots: list, grads: list, retain: bool, collect: dict | None =
             known = _from_template(found, tape, roots[0])
         if known is not None:
             ins = _tape_inputs(tape, known)
+            if ins is None and _realize_pending_leaves(tape, known):
+                ins = _tape_inputs(tape, known)
             if ins is not None:
                 if accept is not None and not accept(ins[1]):
                     return False
@@ -666,6 +668,26 @@ def _tape_inputs(tape: list, recipe: tuple) -> tuple[list, list, list] | None:
         in_gsrc.append(gsrc)
     order = recipe[2]
     return in_vals, in_gsrc, tape if order is None else [tape[i] for i in order]
+
+
+def _realize_pending_leaves(tape: list, recipe: tuple) -> bool:
+    """For a tape whose key is known: compute the pending values of the leaves it reads (an
+    optimizer's in-place updates since the last step, as the general walk does before its
+    graph) and return True, so that its inputs can be gathered; False, changing nothing,
+    when some other input is pending (the general walk computes that one in its graph)."""
+    pending = []
+    for i, j in recipe[1]:
+        var, gsrc, vsrc = tape[i].args[j]
+        if type(vsrc) is Node:
+            vals = vsrc.values
+            if vals is None or vals.get(var.id) is None:
+                if type(gsrc) is not AccumulateGrad:
+                    return False
+                pending.append((var, vsrc))
+    if not pending:
+        return False
+    realize_vars(pending)
+    return True
 
 
 # In a walk's key, an input's first reference is its slot, with this bit if it needs a gradient.
