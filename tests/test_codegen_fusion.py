@@ -201,16 +201,19 @@ def test_reductions_over_transposed_reads_run_in_tiles(shape, over):
     _same_on_one_and_three_threads(runtime.compile_graph(g), args)
 
 
-@pytest.mark.parametrize("shape", [(300, 300), (16, 9000), (9000, 16)])
+@pytest.mark.parametrize("shape", [(300, 300), (16, 9000), (9000, 16), (4096, 64), (64, 4096),
+                                   (8, 128, 128)])
 def test_small_or_narrow_transposes_read_by_row_sums_stay_fused(shape):
-    """Below TILE_MIN_SIZE elements, or a tile wide or less, the row walk reads the
-    transpose in place (one group, nothing stored)."""
-    m, n = shape
-    g = build(lambda a, b: [E.reduce_sum(E.transpose(a, (1, 0)) * b, (1,))],
-              ((n, m), F32), (shape, F32))
+    """Below TILE_MIN_SIZE elements, an axis under ROWS_APART_LEN, or matrices under
+    ROWS_APART_MATRIX elements (their rows stay cached), the row walk reads the transpose in
+    place (one group, nothing stored)."""
+    *lead, m, n = shape
+    perm = tuple(range(len(lead))) + (len(lead) + 1, len(lead))
+    g = build(lambda a, b: [E.reduce_sum(E.transpose(a, perm) * b, (len(shape) - 1,))],
+              ((*lead, n, m), F32), (shape, F32))
     grp, = [grp for grp in plan_graph(g).groups if grp.kind == "loop"]
     assert "transpose" in [e.op for e in grp.eqns]
-    args = [RNG.standard_normal((n, m)).astype(F32), RNG.standard_normal(shape).astype(F32)]
+    args = [RNG.standard_normal((*lead, n, m)).astype(F32), RNG.standard_normal(shape).astype(F32)]
     check(g, args, rtol=1e-4, atol=1e-3)
 
 
