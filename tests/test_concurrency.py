@@ -3,6 +3,7 @@ Python threads at once; two processes compiling the same graph into one disk cac
 a truncated, garbage or unreadable cache entry is detected and rebuilt."""
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -194,7 +195,6 @@ def test_damaged_cache_entry_is_detected_and_rebuilt(damage, monkeypatch):
 
 def _openblas_thread_count():
     """numpy's OpenBLAS's thread count getter, or None (then the tests below skip)."""
-    import ctypes
     import glob
     from tracegrad.runtime.blas import gemm
     found = gemm()
@@ -230,3 +230,37 @@ def test_split_gemms_leave_openblas_thread_count_as_they_found_it(callers):
     finally:
         runtime.set_num_threads(threads)
     assert count() == before
+
+
+def test_one_blas_thread_restores_the_count_after_an_interrupt():
+    """Ctrl-C between the guard's set and its depth's change (in __enter__ or __exit__)
+    must not leave numpy's OpenBLAS on one thread for good: the next use restores it."""
+    import _thread
+    import random
+    from tracegrad.runtime.blas import OneBlasThread, numpy_one_blas_thread
+    count = _openblas_thread_count()
+    if count is None or numpy_one_blas_thread()._set is None:
+        pytest.skip("tracegrad does not call numpy's OpenBLAS here")
+    before = count()
+    guard = OneBlasThread(ctypes.cast(numpy_one_blas_thread()._set, ctypes.c_void_p).value)
+    rng = random.Random(0)
+    for _ in range(100):
+        go, delay = threading.Event(), rng.uniform(0, 5e-4)
+
+        def interrupt():
+            go.wait()
+            time.sleep(delay)
+            _thread.interrupt_main()
+        t = threading.Thread(target=interrupt)
+        t.start()
+        try:
+            go.set()
+            while True:
+                with guard:
+                    pass
+        except KeyboardInterrupt:
+            pass
+        t.join()
+        with guard:
+            assert count() == 1
+        assert count() == before

@@ -111,13 +111,24 @@ class OneBlasThread:
         self._set = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(setter) if setter else None
         self._lock = threading.Lock()
         self._depth = 0
+        # Whether the count is (or may be) 1 by our doing, and what to restore: an interrupt
+        # between the set and the depth's change (Ctrl-C in __enter__ or __exit__) leaves
+        # them so the next use limits without re-reading the count and restores it.
+        self._limited = False
         self._saved = 0
+        if self._set is not None:
+            self._saved = self._set(1)
+            self._set(self._saved)
 
     def __enter__(self) -> None:
         if self._set is not None:
             with self._lock:
                 if self._depth == 0:
-                    self._saved = self._set(1)
+                    if self._limited:
+                        self._set(1)
+                    else:
+                        self._limited = True
+                        self._saved = self._set(1)
                 self._depth += 1
 
     def __exit__(self, *exc) -> None:
@@ -126,6 +137,7 @@ class OneBlasThread:
                 self._depth -= 1
                 if self._depth == 0:
                     self._set(self._saved)
+                    self._limited = False
 
 
 @functools.cache

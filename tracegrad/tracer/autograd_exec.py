@@ -243,7 +243,12 @@ class CachedGraph:
         if self.spent > COMPILE_SECONDS_PER_EQN * n:
             with _compiling_lock:
                 _compiling[0] += 1
-            self.future = _compiler().submit(_in_background, self._compile)
+            try:
+                self.future = _compiler().submit(_in_background, self._compile)
+            except BaseException:       # (a pool shut down at exit: it never runs)
+                with _compiling_lock:
+                    _compiling[0] -= 1
+                raise
         return out
 
     def _interpret(self, args: list) -> list:
