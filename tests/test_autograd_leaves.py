@@ -376,3 +376,43 @@ def test_a_detached_alias_written_through_with_a_gradient_keeps_its_history(lib,
         d.tolist()
     (c * d).sum().backward()
     assert grad_of(c) == [2, 3, 5] and grad_of(x) == [2, 3, 5]
+
+
+# ---- tensors sharing storage: detach(), .data, `.data =` ------------------------------------------
+
+def test_a_write_reaches_aliases_taken_before_it(lib):
+    """In-place changes of a tensor reach its detach() and .data aliases, whenever taken,
+    and theirs reach it and each other (they once kept the value from before)."""
+    a = lib.tensor(np.ones(3, np.float32))
+    al, d, e = a.data, a.detach(), a.detach()
+    a.add_(1.0)
+    al.mul_(2.0)
+    d.sub_(1.0)
+    assert [t.tolist() for t in (a, al, d, e)] == [[3, 3, 3]] * 4
+
+
+@pytest.mark.parametrize("step", ["optimizer", "data"])
+def test_a_parameter_alias_kept_across_steps_sees_the_updates(lib, step):
+    W = leaf(lib, [1, 2, 3])
+    kept = W.data
+    opt = lib.optim.SGD([W], lr=0.25)
+    for _ in range(2):
+        opt.zero_grad()
+        (W * W).sum().backward()
+        if step == "optimizer":
+            opt.step()
+        else:
+            W.data.add_(-0.25 * W.grad)
+    assert W.tolist() == kept.tolist() == [0.25, 0.5, 0.75]
+
+
+def test_data_set_to_a_leaf_shares_its_storage_and_leaves_the_old_one(lib):
+    A, B = two_leaves(lib)
+    old = lib.tensor(np.zeros(3, np.float32))
+    A2 = old.detach()
+    A2.data = lib.tensor(np.ones(3, np.float32))
+    with lib.no_grad():
+        B.mul_(2.0)
+        A2.add_(1.0)
+    assert A.tolist() == B.tolist() == [2, 4, 6]
+    assert old.tolist() == [0, 0, 0] and A2.tolist() == [2, 2, 2]

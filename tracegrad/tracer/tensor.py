@@ -253,7 +253,7 @@ class Tensor:
             from ..ir import emit as E
             t = record(E.stop_gradient, "Detach", (self,), {}, grad=False)
         t._vc = self._vc
-        t._extra()["base"] = self
+        _share_storage(self, t)
         return t
 
     def detach_(self) -> Tensor:
@@ -276,12 +276,15 @@ class Tensor:
     @data.setter
     def data(self, value: Tensor) -> None:
         value = value if isinstance(value, Tensor) else Tensor._leaf(np.asarray(value))
+        if self._get("aliases") is not None:     # new storage: old aliases no longer see it
+            del self._x["aliases"]
         if value._fn is not None:
             # a result in a graph: its data, not its variable (this tensor is no output of that
             # graph's node; sharing the variable sent this one's gradient into the graph)
             self._var, self._value, self._node = Var(value._var.aval), value._val(), None
             return
         self._var, self._value, self._node = value._var, value._value, value._node
+        _share_storage(value, self)
 
     def is_inference(self) -> bool:
         return bool(self._get("inference"))
@@ -403,4 +406,36 @@ def assign_(t: Tensor, value: Any) -> Tensor:
     t._var = Var(Aval(arr.shape, arr.dtype))
     t._value, t._node = arr, None
     Inplace.bump(t._vc)
+    if t._x is not None and "aliases" in t._x:
+        write_aliases(t)
     return t
+
+
+def _share_storage(t: Tensor, alias: Tensor) -> None:
+    """`alias` (t.detach(), t.data) shares t's storage: an in-place change of any tensor of
+    the group reaches all the others (tensor_ops.assign), as in torch. The group is a list
+    of weak references all its tensors hold."""
+    group = t._get("aliases")
+    if group is None:
+        group = t._extra()["aliases"] = [weakref.ref(t)]
+    elif len(group) > 8:
+        group[:] = [r for r in group if r() is not None]
+    group.append(weakref.ref(alias))
+    alias._extra()["aliases"] = group
+
+
+def write_aliases(t: Tensor) -> list[tuple[Tensor, Node | None]]:
+    """After an in-place change of `t`: the tensors sharing its storage hold its new value
+    too (each keeps its own autograd history, or none, as a snapshot does). Returns those
+    now pending with the node each held before (tensor_ops._chain)."""
+    group = t._x["aliases"]
+    pending = []
+    for ref in group:
+        a = ref()
+        if a is None or a is t or a._x is None or a._x.get("aliases") is not group:
+            continue
+        prev = a._node if a._value is None else None
+        a._var, a._value, a._node = t._var, t._value, t._node
+        if a._fn is None and a._value is None:
+            pending.append((a, prev))
+    return pending

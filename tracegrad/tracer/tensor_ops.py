@@ -14,7 +14,7 @@ from .autograd_graph import MAX_LEAF_CHAIN, Inplace, Node
 from .grad_mode import mode
 from .indexing import _expand as expand_index
 from .indexing import getitem
-from .tensor import Tensor, record
+from .tensor import Tensor, record, write_aliases
 from .tensor_record import binary_methods, record_binary, record_unary
 
 _DTYPES = {"float": np.float32, "double": np.float64, "half": np.float16, "int": np.int32,
@@ -345,12 +345,9 @@ def assign(self: Tensor, new: Tensor) -> Tensor:
                             s.packed = snap
                 else:
                     s.version = self._vc[0]
-    base = self._get("base")
-    if base is not None:
-        prev = base._node if base._value is None else None
-        base._var, base._value, base._node = self._var, self._value, self._node
-        if base._fn is None and base._value is None:
-            _chain(base, prev)
+    if self._x is not None and "aliases" in self._x:
+        for t, prev in write_aliases(self):
+            _chain(t, prev)
     return self
 
 
