@@ -378,7 +378,7 @@ def test_a_detached_alias_written_through_with_a_gradient_keeps_its_history(lib,
     assert grad_of(c) == [2, 3, 5] and grad_of(x) == [2, 3, 5]
 
 
-# ---- tensors sharing storage: detach(), .data, `.data =` ------------------------------------------
+# ---- tensors sharing storage: detach(), .data, `.data =` --------------------------------
 
 def test_a_write_reaches_aliases_taken_before_it(lib):
     """In-place changes of a tensor reach its detach() and .data aliases, whenever taken,

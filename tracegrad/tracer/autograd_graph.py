@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import weakref
 from typing import Any, Callable
 
 from ..ir.core import Eqn, Lit, Var
@@ -56,12 +57,22 @@ def hook_name(fn: Callable) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
+def held(t: Any) -> Any:
+    """How a graph holds a tensor it saved: views (tensor.add_view) weakly, or an in-place
+    change of their base would remake every view a graph saved, not just the user's (the
+    graph reads the saved variable, not the tensor)."""
+    if t is not None and t.__class__ is not weakref.ref and t._x is not None \
+            and "view" in t._x:
+        return weakref.ref(t)
+    return t
+
+
 class SavedTensor:
     """A value an op keeps for its backward: the tensor, its version when saved, and what a
     `saved_tensors_hooks` pack function made of it. It does not point back at its node (the
     node is passed in when needed), so a recorded graph holds no reference cycle and is freed
     as soon as it is dropped, without waiting for the cyclic garbage collector."""
-    __slots__ = ("tensor", "var", "vc", "version", "slot", "is_output", "packed", "unpack")
+    __slots__ = ("_tensor", "var", "vc", "version", "slot", "is_output", "packed", "unpack")
 
     def __init__(self, tensor: Any, var: Var, vc: list, slot: int | str, node: Node,
                  hooks: tuple | None):
@@ -72,7 +83,7 @@ class SavedTensor:
         is_output = self.is_output = slot == "result"
         self.unpack = None
         self.packed = None
-        self.tensor = None if is_output else tensor
+        self._tensor = None if is_output else held(tensor)
         if hooks is not None:
             pack, self.unpack = hooks
             self.packed = pack(tensor if tensor is not None else self.materialize(node))
@@ -83,7 +94,7 @@ class SavedTensor:
         """A SavedTensor made without `saved_tensors_hooks` (`tensor` None for a result),
         of the tensor at `version` (by default, its current one)."""
         s = _new(SavedTensor)
-        s.tensor = tensor
+        s._tensor = held(tensor)
         s.var = var
         s.vc = vc
         s.version = vc[0] if version is None else version
@@ -92,13 +103,24 @@ class SavedTensor:
         s.packed = s.unpack = None
         return s
 
+    @property
+    def tensor(self) -> Any:
+        """The tensor saved (None for a result, or a view since dropped)."""
+        t = self._tensor
+        return t() if isinstance(t, weakref.ref) else t
+
+    @tensor.setter
+    def tensor(self, t: Any) -> None:
+        self._tensor = held(t)
+
     def materialize(self, node: Node) -> Any:
         """The saved value as a Tensor (outputs of `node`, the node that saved it, come back
-        as a new Tensor, as in PyTorch)."""
-        if self.tensor is not None:
-            return self.tensor
+        as a new Tensor, as in PyTorch; so does a view since dropped, without a history)."""
+        t = self.tensor
+        if t is not None:
+            return t
         from .tensor import Tensor
-        t = Tensor._from_var(self.var, node, node if node.grad else None)
+        t = Tensor._from_var(self.var, node, node if node.grad and self.is_output else None)
         t._vc = self.vc
         return t
 

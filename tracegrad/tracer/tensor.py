@@ -276,8 +276,9 @@ class Tensor:
     @data.setter
     def data(self, value: Tensor) -> None:
         value = value if isinstance(value, Tensor) else Tensor._leaf(np.asarray(value))
-        if self._get("aliases") is not None:     # new storage: old aliases no longer see it
-            del self._x["aliases"]
+        if self._x is not None:      # new storage: old aliases and views no longer see it
+            self._x.pop("aliases", None)
+            self._x.pop("views", None)
         if value._fn is not None:
             # a result in a graph: its data, not its variable (this tensor is no output of that
             # graph's node; sharing the variable sent this one's gradient into the graph)
@@ -406,8 +407,11 @@ def assign_(t: Tensor, value: Any) -> Tensor:
     t._var = Var(Aval(arr.shape, arr.dtype))
     t._value, t._node = arr, None
     Inplace.bump(t._vc)
-    if t._x is not None and "aliases" in t._x:
-        write_aliases(t)
+    if t._x is not None:
+        if "aliases" in t._x:
+            write_aliases(t)
+        if "views" in t._x:
+            refresh_views(t)
     return t
 
 
@@ -438,4 +442,46 @@ def write_aliases(t: Tensor) -> list[tuple[Tensor, Node | None]]:
         a._var, a._value, a._node = t._var, t._value, t._node
         if a._fn is None and a._value is None:
             pending.append((a, prev))
+        if "views" in a._x:
+            refresh_views(a)
     return pending
+
+
+class _Views(list):
+    """A tensor's views: (weak reference, steps) of each, the steps (method, args, kwargs)
+    that made it from the tensor (see add_view)."""
+    __slots__ = ("prune_at",)
+
+
+def add_view(base: Tensor, view: Tensor, steps: tuple) -> None:
+    """`view` was made from `base` by view ops (reshape, transpose, indexing, expand...):
+    `steps`, each (method, args, kwargs). tracegrad's views are values, not windows on base's
+    storage, so base remembers how to make each again: an in-place change of base remakes
+    its live views (refresh_views), and they read its new value, as torch's views do."""
+    views = base._get("views")
+    if views is None:
+        views = base._extra()["views"] = _Views()
+        views.prune_at = 8
+    elif len(views) >= views.prune_at:
+        views[:] = [v for v in views if v[0]() is not None]
+        views.prune_at = max(8, 2 * len(views))
+    views.append((weakref.ref(view), steps))
+
+
+def refresh_views(base: Tensor) -> None:
+    """Make `base`'s live views again from its new value; one that had a gradient history
+    gets a new one, into base's."""
+    views = base._x["views"]
+    live = [(v, steps) for ref, steps in views if (v := ref()) is not None]
+    views[:] = [(weakref.ref(v), steps) for v, steps in live]
+    saved = mode.grad
+    try:
+        for v, steps in live:
+            mode.grad = v._fn is not None
+            new = base
+            for method, args, kwargs in steps:
+                new = method(new, *args, **kwargs)
+            v._var, v._value, v._node, v._fn, v._rg = (new._var, new._value, new._node,
+                                                       new._fn, new._rg or v._rg)
+    finally:
+        mode.grad = saved

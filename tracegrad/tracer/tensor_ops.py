@@ -2,6 +2,7 @@
 ops with version counters, and slice assignment. Each records through `tensor_record.record`."""
 from __future__ import annotations
 
+import weakref
 from collections import namedtuple
 from typing import Any
 
@@ -14,7 +15,7 @@ from .autograd_graph import MAX_LEAF_CHAIN, Inplace, Node
 from .grad_mode import mode
 from .indexing import _expand as expand_index
 from .indexing import getitem
-from .tensor import Tensor, record, write_aliases
+from .tensor import Tensor, add_view, record, refresh_views, write_aliases
 from .tensor_record import binary_methods, record_binary, record_unary
 
 _DTYPES = {"float": np.float32, "double": np.float64, "half": np.float16, "int": np.int32,
@@ -224,12 +225,26 @@ def _cast(dtype: Any) -> Any:
 
 
 def _marks_view(method: Any) -> Any:
-    """Results of view-like ops are marked: tracegrad's views are values, not aliases of their
-    base's storage, so an in-place op on one could not reach the base (see _check_inplace)."""
+    """Results of view-like ops are marked with their base and how they were made from it
+    (holding the base, as torch's `._base`): tracegrad's views are values, not windows on
+    the base's storage, so an in-place op on one could not reach the base (see
+    _check_inplace), and the base remakes them when it changes (tensor.add_view)."""
     def m(self: Tensor, *args: Any, **kwargs: Any) -> Any:
         out = method(self, *args, **kwargs)
-        if isinstance(out, Tensor):
-            out._extra()["view"] = True
+        if isinstance(out, Tensor) and out is not self:
+            x = self._x
+            of = x.get("view") if x is not None else None
+            if of is None:
+                of = (self, ((method, args, kwargs),))
+            else:       # a view of a view: of the first base, made by both steps
+                of = (of[0], of[1] + ((method, args, kwargs),))
+                x = of[0]._x
+            out._extra()["view"] = of
+            views = x.get("views") if x is not None else None
+            if views is not None and len(views) < views.prune_at:
+                views.append((weakref.ref(out), of[1]))
+            else:
+                add_view(of[0], out, of[1])
         return out
     return m
 
@@ -345,9 +360,12 @@ def assign(self: Tensor, new: Tensor) -> Tensor:
                             s.packed = snap
                 else:
                     s.version = self._vc[0]
-    if self._x is not None and "aliases" in self._x:
-        for t, prev in write_aliases(self):
-            _chain(t, prev)
+    if self._x is not None:
+        if "aliases" in self._x:
+            for t, prev in write_aliases(self):
+                _chain(t, prev)
+        if "views" in self._x:
+            refresh_views(self)
     return self
 
 

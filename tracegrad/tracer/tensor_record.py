@@ -16,7 +16,7 @@ from ..ir import core as _core
 from ..ir.builder import _CODE_SITES, Builder, Traced, user_source
 from ..ir.builder import _state as _trace_state
 from ..ir.core import Aval, Lit, Var, remember
-from .autograd_graph import SAVED, Inplace, Node, SavedTensor
+from .autograd_graph import SAVED, Inplace, Node, SavedTensor, held
 from .grad_mode import ThreadMode, mode, prune_tape
 from .tensor import _AVALS, Tensor
 
@@ -433,10 +433,12 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
                     (a._x is None or not a._x.get("inference")) and \
                     (b._x is None or not b._x.get("inference")):
                 va, vb = a._vc, b._vc
+                ha = a if a._x is None else held(a)
+                hb = b if b._x is None else held(b)
                 keep_a = b._rg or name not in _EITHER and name != "Div"
                 keep_b = a._rg or name not in _EITHER
-                node._saved = ((a, a._var, va, va[0], 0) if keep_a else ()) + \
-                    ((b, b._var, vb, vb[0], 1) if keep_b else ())
+                node._saved = ((ha, a._var, va, va[0], 0) if keep_a else ()) + \
+                    ((hb, b._var, vb, vb[0], 1) if keep_b else ())
             else:
                 _save(node, name, args, t, saves)
         elif saves is _RESULT and not mode.state.saved_hooks:
@@ -578,13 +580,15 @@ def _replay1(hit: tuple, name: str, a: Tensor, b: Tensor | None, depth: int,
             (a._x is None or not a._x.get("inference")) and \
             (b._x is None or not b._x.get("inference")):    # (0, 1): matmul, mul, div ...
         va, vb = a._vc, b._vc
+        ha = a if a._x is None else held(a)
+        hb = b if b._x is None else held(b)
         if a._rg and b._rg:
-            node._saved = (a, a._var, va, va[0], 0, b, b._var, vb, vb[0], 1)
+            node._saved = (ha, a._var, va, va[0], 0, hb, b._var, vb, vb[0], 1)
         else:
             keep_a = b._rg or name not in _EITHER and name != "Div"
             keep_b = a._rg or name not in _EITHER
-            node._saved = ((a, a._var, va, va[0], 0) if keep_a else ()) + \
-                ((b, b._var, vb, vb[0], 1) if keep_b else ())
+            node._saved = ((ha, a._var, va, va[0], 0) if keep_a else ()) + \
+                ((hb, b._var, vb, vb[0], 1) if keep_b else ())
     else:
         _save(node, name, (a,) if b is None else (a, b), t, saves)
     tape = st.tape
@@ -747,7 +751,7 @@ def _save(node: Node, name: str, args: tuple, result: Tensor | None,
             if hooks is not None:
                 saved.append(SavedTensor(t, t._var, vc, s, node, hooks))
             else:
-                saved += (t, t._var, vc, vc[0], s)
+                saved += (held(t), t._var, vc, vc[0], s)
     if name == "Pow" and len(args) > 1 and not isinstance(args[1], Tensor):
         node.fn_ctx = {"exponent": args[1]}
     if hooks is None:
