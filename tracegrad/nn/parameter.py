@@ -36,7 +36,7 @@ def to_numpy(x: Any) -> np.ndarray:
         raise TypeError("a traced value has no concrete value here; return it from the "
                         "traced function instead")
     if isinstance(x, Tensor):
-        return np.asarray(x.detach().numpy())
+        return np.asarray(x._val())     # (its value: no alias made)
     return np.asarray(x)
 
 

@@ -58,7 +58,7 @@ def hook_name(fn: Callable) -> str:
 
 
 def held(t: Any) -> Any:
-    """How a graph holds a tensor it saved: views (tensor.add_view) weakly, or an in-place
+    """How a graph holds a tensor it saved: views (tensor.register_view) weakly, or an in-place
     change of their base would remake every view a graph saved, not just the user's (the
     graph reads the saved variable, not the tensor)."""
     if t is not None and t.__class__ is not weakref.ref and t._x is not None \

@@ -254,6 +254,9 @@ class Tensor:
             t = record(E.stop_gradient, "Detach", (self,), {}, grad=False)
         t._vc = self._vc
         _share_storage(self, t)
+        of = self._x.get("view")
+        if of is not None:      # an alias of a view is one too (writes through it raise)
+            register_view(t, of)
         return t
 
     def detach_(self) -> Tensor:
@@ -278,7 +281,11 @@ class Tensor:
         value = value if isinstance(value, Tensor) else Tensor._leaf(np.asarray(value))
         if self._x is not None:      # new storage: old aliases and views no longer see it
             self._x.pop("aliases", None)
-            self._x.pop("views", None)
+            views = self._x.pop("views", None)
+            for ref in views or ():
+                v = ref()
+                if v is not None and v._x.get("view", (None,))[0] is self:
+                    v._x["view"] = (v, (), True)    # (the base of views taken from it)
         if value._fn is not None:
             # a result in a graph: its data, not its variable (this tensor is no output of that
             # graph's node; sharing the variable sent this one's gradient into the graph)
@@ -448,35 +455,64 @@ def write_aliases(t: Tensor) -> list[tuple[Tensor, Node | None]]:
 
 
 class _Views(list):
-    """A tensor's views: (weak reference, steps) of each, the steps (method, args, kwargs)
-    that made it from the tensor (see add_view)."""
+    """Weak references to a tensor's live views (and some dead ones: see _prune); each
+    view's `_x["view"]` says how it was made from the tensor (tensor_ops._marks_view)."""
     __slots__ = ("prune_at",)
 
 
-def add_view(base: Tensor, view: Tensor, steps: tuple) -> None:
-    """`view` was made from `base` by view ops (reshape, transpose, indexing, expand...):
-    `steps`, each (method, args, kwargs). tracegrad's views are values, not windows on base's
-    storage, so base remembers how to make each again: an in-place change of base remakes
-    its live views (refresh_views), and they read its new value, as torch's views do."""
-    views = base._get("views")
+def register_view(view: Tensor, of: tuple) -> None:
+    """Mark `view` as made from of[0] by the steps of[1], each (method, args, kwargs)
+    (contiguous or not: of[2]), sharing its version counter (as torch's views), and
+    register it there. tracegrad's views are values, not windows on their base's storage, so
+    the base remembers them to make them again: an in-place change of it remakes its live
+    views (refresh_views), which then read its new value, as torch's views do."""
+    root = of[0]
+    if root is view:        # (a view whose base's storage was replaced: see data's setter)
+        return
+    x = view._x
+    if x is None:
+        view._x = {"view": of}
+    else:
+        x["view"] = of
+    view._vc = root._vc
+    x = root._x
+    views = x.get("views") if x is not None else None
     if views is None:
-        views = base._extra()["views"] = _Views()
-        views.prune_at = 8
+        views = root._extra()["views"] = _Views()
+        views.prune_at = 32
     elif len(views) >= views.prune_at:
-        views[:] = [v for v in views if v[0]() is not None]
-        views.prune_at = max(8, 2 * len(views))
-    views.append((weakref.ref(view), steps))
+        _prune(views)
+    views.append(weakref.ref(view))
 
 
-def refresh_views(base: Tensor) -> None:
+def _prune(views: _Views) -> list:
+    """The live views, the dead references dropped when they are many. References other
+    threads append meanwhile go after the prefix replaced (one list operation): kept."""
+    n = len(views)
+    live = [v for ref in views[:n] if (v := ref()) is not None]
+    if not live:
+        del views[:n]
+        views.prune_at = 32
+    elif 2 * len(live) < n or n >= views.prune_at:
+        views[:n] = [weakref.ref(v) for v in live]
+        views.prune_at = max(32, 2 * len(live))
+    return live
+
+
+def refresh_views(base: Tensor, unchanged: Callable | None = None) -> None:
     """Make `base`'s live views again from its new value; one that had a gradient history
-    gets a new one, into base's."""
-    views = base._x["views"]
-    live = [(v, steps) for ref, steps in views if (v := ref()) is not None]
-    views[:] = [(weakref.ref(v), steps) for v, steps in live]
+    gets a new one, into base's. `unchanged(steps)`: whether a view made by `steps` reads
+    none of what changed (an assignment to other elements: x[t + 1] = f(x[t]))."""
+    live = _prune(base._x["views"])
     saved = mode.grad
     try:
-        for v, steps in live:
+        for v in live:
+            of = v._x.get("view")
+            if of is None or of[0] is not base:     # (its base's storage was replaced)
+                continue
+            steps = of[1]
+            if unchanged is not None and unchanged(steps):
+                continue
             mode.grad = v._fn is not None
             new = base
             for method, args, kwargs in steps:

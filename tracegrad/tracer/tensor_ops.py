@@ -2,9 +2,8 @@
 ops with version counters, and slice assignment. Each records through `tensor_record.record`."""
 from __future__ import annotations
 
-import weakref
 from collections import namedtuple
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -15,7 +14,7 @@ from .autograd_graph import MAX_LEAF_CHAIN, Inplace, Node
 from .grad_mode import mode
 from .indexing import _expand as expand_index
 from .indexing import getitem
-from .tensor import Tensor, add_view, record, refresh_views, write_aliases
+from .tensor import Tensor, record, refresh_views, register_view, write_aliases
 from .tensor_record import binary_methods, record_binary, record_unary
 
 _DTYPES = {"float": np.float32, "double": np.float64, "half": np.float16, "int": np.int32,
@@ -224,50 +223,131 @@ def _cast(dtype: Any) -> Any:
     return lambda self: _to(self, dtype)
 
 
-def _marks_view(method: Any) -> Any:
-    """Results of view-like ops are marked with their base and how they were made from it
-    (holding the base, as torch's `._base`): tracegrad's views are values, not windows on
-    the base's storage, so an in-place op on one could not reach the base (see
-    _check_inplace), and the base remakes them when it changes (tensor.add_view)."""
+def _marks_view(method: Any, kind: str) -> Any:
+    """Results of view ops are marked with their base and how they were made from it
+    (holding the base, as torch's `._base`), and share its version counter: tracegrad's
+    views are values, not windows on the base's storage, so an in-place op on one could not
+    reach the base (see _check_inplace), and the base remakes them when it changes
+    (tensor.register_view). `kind`: "layout" (transpose, permute, expand: the result is not
+    contiguous), "shape" (squeeze, unsqueeze), "reshape" (a copy, as in torch, of a
+    non-contiguous tensor), "index" (a view for basic indexing only: an index array or mask
+    copies, as in torch)."""
     def m(self: Tensor, *args: Any, **kwargs: Any) -> Any:
         out = method(self, *args, **kwargs)
-        if isinstance(out, Tensor) and out is not self:
-            x = self._x
-            of = x.get("view") if x is not None else None
-            if of is None:
-                of = (self, ((method, args, kwargs),))
-            else:       # a view of a view: of the first base, made by both steps
-                of = (of[0], of[1] + ((method, args, kwargs),))
-                x = of[0]._x
-            out._extra()["view"] = of
-            views = x.get("views") if x is not None else None
-            if views is not None and len(views) < views.prune_at:
-                views.append((weakref.ref(out), of[1]))
-            else:
-                add_view(of[0], out, of[1])
+        if out.__class__ is not Tensor or out is self:
+            return out
+        x = self._x
+        of = x.get("view") if x is not None else None
+        contiguous = True if of is None else of[2]
+        if kind == "reshape":
+            if not contiguous:
+                return out
+        elif kind == "layout":
+            contiguous = False
+        elif kind == "index":
+            c = _basic_contiguous(args[0], self.shape)
+            if c is None:          # advanced indexing: a copy
+                return out
+            contiguous = contiguous and c
+        if of is None:
+            of = (self, ((method, args, kwargs),), contiguous)
+        else:       # a view of a view: of the first base, made by both steps
+            of = (of[0], of[1] + ((method, args, kwargs),), contiguous)
+        register_view(out, of)
         return out
     return m
 
 
-_reshape, _transpose, _permute, _t, _flatten, _expand = map(
-    _marks_view, (_reshape, _transpose, _permute, _t, _flatten, _expand))
-for _n in ("unsqueeze", "squeeze"):
-    setattr(Tensor, _n, _marks_view(getattr(Tensor, _n)))
+def _basic(index: Any) -> bool:
+    """Whether `x[index]` is basic indexing (ints, slices, None, `...`): a view in torch;
+    index arrays, tensors and masks copy."""
+    for it in (index if type(index) is tuple else (index,)):
+        if not (it is None or it is Ellipsis or type(it) is slice or isinstance(
+                it, (int, np.integer)) and not isinstance(it, (bool, np.bool_))):
+            return False
+    return True
 
-Tensor.reshape = _reshape
-Tensor.view = _reshape
+
+def _basic_contiguous(index: Any, shape: tuple) -> bool | None:
+    """For `x[index]` of a contiguous `x`: None if `index` is not basic (see _basic), else
+    whether the result is contiguous (leading ints, at most one slice of step 1, whole axes
+    after it)."""
+    t = type(index)
+    if t is int or t is slice and index.step is None:     # (the common cases)
+        return True
+    if not _basic(index):
+        return None
+    sliced = False
+    for it, n in zip((i for i in expand_index(index, len(shape)) if i is not None), shape,
+                     strict=False):
+        if type(it) is slice:
+            start, stop, step = it.indices(n)
+            if sliced and (start, stop, step) != (0, n, 1) or step != 1:
+                return False
+            sliced = True
+        elif sliced:
+            return False
+    return True
+
+
+def _bounds(index: Any, shape: tuple) -> list | None:
+    """[(start, stop)] per axis bounding what basic `x[index]` reads, or None."""
+    if not _basic(index):
+        return None
+    out = []
+    for it, n in zip((i for i in expand_index(index, len(shape)) if i is not None), shape,
+                     strict=False):
+        if type(it) is slice:
+            r = range(*it.indices(n))
+            out.append((min(r), max(r) + 1) if r else (0, 0))
+        else:
+            i = int(it) % n
+            out.append((i, i + 1))
+    return out
+
+
+def _reads_none_of(index: Any, shape: tuple) -> Callable | None:
+    """refresh_views' `unchanged` after `x[index] = ...` of an `x` of `shape`: a view
+    x[other] whose bounds miss the written ones on some axis reads none of it."""
+    written = _bounds(index, shape)
+    if written is None:
+        return None
+    row = index % shape[0] if type(index) is int else None
+
+    def unchanged(steps: tuple) -> bool:
+        if len(steps) != 1 or steps[0][0] is not _getitem_raw:
+            return False
+        other = steps[0][1][0]
+        if row is not None and type(other) is int:      # (rows: the common case)
+            return other % shape[0] != row
+        b = _bounds(other, shape)
+        return b is not None and any(e1 <= s2 or e2 <= s1 for (s1, e1), (s2, e2)
+                                     in zip(b, written, strict=False))
+    return unchanged
+
+
+_reshape_view = _marks_view(_reshape, "reshape")
+_transpose, _permute, _t, _expand = (
+    _marks_view(f, "layout") for f in (_transpose, _permute, _t, _expand))
+_flatten = _marks_view(_flatten, "reshape")     # (its own reshape: no view of its own)
+for _n in ("unsqueeze", "squeeze"):
+    setattr(Tensor, _n, _marks_view(getattr(Tensor, _n), "shape"))
+
+Tensor.reshape = _reshape_view
+Tensor.view = _reshape_view
 Tensor.transpose = _transpose
 Tensor.swapaxes = _transpose
 Tensor.permute = _permute
 Tensor.t = _t
-Tensor.T = property(_marks_view(lambda self: record(_r(tnp.transpose), "Permute", (self,), {})))
+Tensor.T = property(_marks_view(lambda self: record(_r(tnp.transpose), "Permute", (self,), {}),
+                                 "layout"))
 Tensor.mT = property(lambda self: _transpose(self, -2, -1))
 Tensor.flatten = _flatten
 Tensor.expand = _expand
 Tensor.expand_as = lambda self, other: _expand(self, other.shape)
 Tensor.broadcast_to = _expand
-Tensor.view_as = lambda self, other: _reshape(self, other.shape)
-Tensor.reshape_as = lambda self, other: _reshape(self, other.shape)
+Tensor.view_as = lambda self, other: _reshape_view(self, other.shape)
+Tensor.reshape_as = lambda self, other: _reshape_view(self, other.shape)
 Tensor.clone = _clone
 Tensor.contiguous = lambda self: self
 Tensor.cpu = lambda self: self
@@ -299,7 +379,8 @@ def _getitem(self: Tensor, index: Any) -> Tensor:
     return record(_r(getitem), "Index", (self, index), {}, keep_arrays=True)
 
 
-_getitem = _marks_view(_getitem)
+_getitem_raw = _getitem
+_getitem = _marks_view(_getitem, "index")
 
 
 # ---- in-place ------------------------------------------------------------------------------------
@@ -321,9 +402,10 @@ def _check_inplace(self: Tensor) -> None:
             "https://github.com/pytorch/rfcs/pull/17 for more details.")
 
 
-def assign(self: Tensor, new: Tensor) -> Tensor:
+def assign(self: Tensor, new: Tensor, unchanged: Callable | None = None) -> Tensor:
     """Make `self` hold `new`'s value (and, if recorded with grad, its history); bump the
-    version counter. Writes through to the tensor `self` was detached from."""
+    version counter. Writes through to the tensors sharing its storage, and remakes its
+    views (but those `unchanged`: see refresh_views)."""
     if new.shape != self.shape:
         raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast "
                            f"shape {list(new.shape)}")
@@ -365,7 +447,7 @@ def assign(self: Tensor, new: Tensor) -> Tensor:
             for t, prev in write_aliases(self):
                 _chain(t, prev)
         if "views" in self._x:
-            refresh_views(self)
+            refresh_views(self, unchanged)
     return self
 
 
@@ -468,13 +550,16 @@ Tensor.normal_ = _normal_
 
 def _setitem(self: Tensor, index: Any, value: Any) -> None:
     _check_inplace(self)
+    unchanged = None
     if isinstance(index, Tensor) and index.dtype == np.bool_:
         new = record(_masked_set, "MaskedFill", (self, index, value), {})
     else:
         new = record(_scatter, "CopySlices", (self, value, index), {})
+        if self._x is not None and "views" in self._x:
+            unchanged = _reads_none_of(index, self.shape)
     if new._fn is not None:
         new._fn.name_ = "CopySlices"
-    assign(self, new)
+    assign(self, new, unchanged)
 
 
 Tensor.__setitem__ = _setitem

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -21,6 +22,7 @@ from .grad_mode import ThreadMode, mode, prune_tape
 from .tensor import _AVALS, Tensor
 
 _new = object.__new__
+_weak = weakref.ref
 _getframe = sys._getframe
 _var_ids = _core._ids     # (Var.__init__'s counter)
 
@@ -433,8 +435,8 @@ def _replay(hit: tuple, name: str, args: tuple, tensors: tuple, grad: bool,
                     (a._x is None or not a._x.get("inference")) and \
                     (b._x is None or not b._x.get("inference")):
                 va, vb = a._vc, b._vc
-                ha = a if a._x is None else held(a)
-                hb = b if b._x is None else held(b)
+                ha = a if a._x is None or "view" not in a._x else _weak(a)
+                hb = b if b._x is None or "view" not in b._x else _weak(b)
                 keep_a = b._rg or name not in _EITHER and name != "Div"
                 keep_b = a._rg or name not in _EITHER
                 node._saved = ((ha, a._var, va, va[0], 0) if keep_a else ()) + \
@@ -580,8 +582,8 @@ def _replay1(hit: tuple, name: str, a: Tensor, b: Tensor | None, depth: int,
             (a._x is None or not a._x.get("inference")) and \
             (b._x is None or not b._x.get("inference")):    # (0, 1): matmul, mul, div ...
         va, vb = a._vc, b._vc
-        ha = a if a._x is None else held(a)
-        hb = b if b._x is None else held(b)
+        ha = a if a._x is None or "view" not in a._x else _weak(a)
+        hb = b if b._x is None or "view" not in b._x else _weak(b)
         if a._rg and b._rg:
             node._saved = (ha, a._var, va, va[0], 0, hb, b._var, vb, vb[0], 1)
         else:
