@@ -84,6 +84,41 @@ def test_copies_are_not_views(lib):
     assert c[0].tolist() == [[6, 8, 10], [0, 2, 4]]
 
 
+RESHAPES = {   # what reshaping each view of x (3x4) gives: a view (True) or a copy, as torch
+    "x[:, -1].reshape(3, 1)": True, "x[:, 0].flatten()": True, "x.t().reshape(4, 3)": True,
+    "x.t().reshape(4, 3, 1)": True, "x.t().t().reshape(-1)": True,
+    "x[::2].reshape(2, 2, 2)": True, "x[:1, 1:].reshape(3)": True,
+    "x[0:1].t().reshape(4)": True, "x.unsqueeze(0).expand(2, 3, 4).reshape(2, 12)": True,
+    "x[:, ::2].flatten()": True, "x.t().reshape(-1)": False, "x[:, 1:].reshape(-1)": False,
+    "x[:, 1:3].flatten()": False,
+    "x.permute(1, 0).unsqueeze(0).reshape(12)": False, "x.expand(2, 3, 4).reshape(-1)": False,
+}
+
+
+@pytest.mark.parametrize("expr", sorted(RESHAPES))
+def test_reshapes_are_views_where_torchs_are(lib, expr):
+    x = lib.tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+    y = eval(expr, {"x": x})
+    before = y.tolist()
+    x.add_(1.0)
+    assert (y.tolist() != before) == RESHAPES[expr]
+
+
+def test_contiguous_copies_a_view_laid_out_otherwise(lib):
+    x = lib.tensor(np.arange(6, dtype=np.float32).reshape(2, 3), requires_grad=True)
+    y = x.t().contiguous()
+    z = x[1:].contiguous()
+    loss = (y * y).sum()
+    with lib.no_grad():
+        x.add_(1.0)
+    loss.backward()                     # y is a copy: x's change is not y's
+    assert x.grad.tolist() == [[0, 2, 4], [6, 8, 10]]
+    assert y.tolist() == [[0, 3], [1, 4], [2, 5]] and z.tolist() == [[4, 5, 6]]
+    q = x.detach().t().contiguous()
+    q.mul_(2.0)                         # a copy can change in place
+    assert q.tolist() == [[2, 8], [4, 10], [6, 12]]
+
+
 def test_a_saved_view_changed_through_its_base_fails_backward(lib):
     """Views share their base's version counter: a value saved for backward and changed
     in place since is an error, not a gradient of numbers no longer shown."""

@@ -281,11 +281,11 @@ class Tensor:
         value = value if isinstance(value, Tensor) else Tensor._leaf(np.asarray(value))
         if self._x is not None:      # new storage: old aliases and views no longer see it
             self._x.pop("aliases", None)
-            views = self._x.pop("views", None)
-            for ref in views or ():
+            self._x.pop("view", None)       # (nor does it see its own base, if a view)
+            for ref in self._x.pop("views", None) or ():
                 v = ref()
                 if v is not None and v._x.get("view", (None,))[0] is self:
-                    v._x["view"] = (v, (), True)    # (the base of views taken from it)
+                    del v._x["view"]        # (they hold the old storage: the base of their views)
         if value._fn is not None:
             # a result in a graph: its data, not its variable (this tensor is no output of that
             # graph's node; sharing the variable sent this one's gradient into the graph)
@@ -467,8 +467,6 @@ def register_view(view: Tensor, of: tuple) -> None:
     the base remembers them to make them again: an in-place change of it remakes its live
     views (refresh_views), which then read its new value, as torch's views do."""
     root = of[0]
-    if root is view:        # (a view whose base's storage was replaced: see data's setter)
-        return
     x = view._x
     if x is None:
         view._x = {"view": of}

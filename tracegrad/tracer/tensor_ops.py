@@ -199,6 +199,14 @@ def _expand(self: Tensor, *sizes: Any) -> Tensor:
     return record(_r(tnp.broadcast_to), "Expand", (self, shape), {})
 
 
+def _contiguous_of(self: Tensor) -> Tensor:
+    """`self`, or a copy of a view not laid out row-major (as torch's contiguous())."""
+    of = self._x.get("view") if self._x is not None else None
+    if of is None or of[2] is True or _contiguous(self.shape, _strides(of[2], self.shape)):
+        return self
+    return _clone(self)
+
+
 def identity(x: Any) -> Any:
     return x
 
@@ -223,39 +231,147 @@ def _cast(dtype: Any) -> Any:
     return lambda self: _to(self, dtype)
 
 
-def _marks_view(method: Any, kind: str) -> Any:
+def _marks_view(method: Any, kind: str, strides: Callable | None = None) -> Any:
     """Results of view ops are marked with their base and how they were made from it
     (holding the base, as torch's `._base`), and share its version counter: tracegrad's
     views are values, not windows on the base's storage, so an in-place op on one could not
     reach the base (see _check_inplace), and the base remakes them when it changes
-    (tensor.register_view). `kind`: "layout" (transpose, permute, expand: the result is not
-    contiguous), "shape" (squeeze, unsqueeze), "reshape" (a copy, as in torch, of a
-    non-contiguous tensor), "index" (a view for basic indexing only: an index array or mask
-    copies, as in torch)."""
+    (tensor.register_view). Which results are views is torch's: each view knows its layout
+    in the base's memory, True for contiguous or else how to work out its strides (lazily:
+    `strides(in_strides, args, kwargs, in_shape, out_shape)` of this op; see _strides), and
+    a reshape is a view only where torch's would be (_view_strides), a copy elsewhere.
+    `kind`: "layout" (transpose, permute, expand), "shape" (squeeze, unsqueeze), "reshape",
+    "index" (a view for basic indexing only: an index array or mask copies)."""
     def m(self: Tensor, *args: Any, **kwargs: Any) -> Any:
         out = method(self, *args, **kwargs)
         if out.__class__ is not Tensor or out is self:
             return out
         x = self._x
         of = x.get("view") if x is not None else None
-        contiguous = True if of is None else of[2]
-        if kind == "reshape":
-            if not contiguous:
+        layout = True if of is None else of[2]
+        if kind == "index":
+            if layout is True:
+                c = _basic_contiguous(args[0], self.shape)
+                if c is None:          # advanced indexing: a copy
+                    return out
+                if not c:
+                    layout = (_index_strides, args, kwargs, self.shape, out.shape, True)
+            elif _basic(args[0]):
+                layout = (_index_strides, args, kwargs, self.shape, out.shape, layout)
+            else:
                 return out
-        elif kind == "layout":
-            contiguous = False
-        elif kind == "index":
-            c = _basic_contiguous(args[0], self.shape)
-            if c is None:          # advanced indexing: a copy
-                return out
-            contiguous = contiguous and c
+        elif kind == "reshape":
+            if layout is not True:
+                st = _view_strides(self.shape, _strides(layout, self.shape), out.shape)
+                if st is None:         # not expressible as a view of that memory: a copy
+                    return out
+                layout = True if _contiguous(out.shape, st) else st
+        elif kind == "layout" or layout is not True:
+            layout = (strides, args, kwargs, self.shape, out.shape, layout)
         if of is None:
-            of = (self, ((method, args, kwargs),), contiguous)
+            of = (self, ((method, args, kwargs),), layout)
         else:       # a view of a view: of the first base, made by both steps
-            of = (of[0], of[1] + ((method, args, kwargs),), contiguous)
+            of = (of[0], of[1] + ((method, args, kwargs),), layout)
         register_view(out, of)
         return out
     return m
+
+
+def _c_strides(shape: tuple) -> tuple:
+    out, n = [], 1
+    for d in reversed(shape):
+        out.append(n)
+        n *= d
+    return tuple(reversed(out))
+
+
+def _strides(layout: Any, shape: tuple) -> tuple:
+    """A view's strides (in elements of its base) from its layout (see _marks_view)."""
+    chain = []
+    while layout is not True and layout and callable(layout[0]):
+        chain.append(layout)
+        layout = layout[5]
+    st = _c_strides(chain[-1][3] if chain else shape) if layout is True else layout
+    for fn, args, kwargs, in_shape, out_shape, _ in reversed(chain):
+        st = fn(st, args, kwargs, in_shape, out_shape)
+    return st
+
+
+def _contiguous(shape: tuple, strides: tuple) -> bool:
+    """Whether `strides` lay `shape` out row-major with no gaps (size-1 axes aside)."""
+    if 0 in shape:
+        return True
+    expected = 1
+    for n, s in zip(reversed(shape), reversed(strides), strict=True):
+        if n != 1:
+            if s != expected:
+                return False
+            expected *= n
+    return True
+
+
+def _view_strides(old: tuple, strides: tuple, new: tuple) -> tuple | None:
+    """The strides of a view of shape `new` on memory laid out as `old` with `strides`, or
+    None where there is none (torch's computeStride: reshape copies, view raises)."""
+    if not old or 0 in old:
+        return _c_strides(new)
+    out = [0] * len(new)
+    view_d = len(new) - 1
+    chunk = strides[-1]
+    tensor_n = view_n = 1
+    for d in range(len(old) - 1, -1, -1):
+        tensor_n *= old[d]
+        if d == 0 or (old[d - 1] != 1 and strides[d - 1] != tensor_n * chunk):
+            while view_d >= 0 and (view_n < tensor_n or new[view_d] == 1):
+                out[view_d] = view_n * chunk
+                view_n *= new[view_d]
+                view_d -= 1
+            if view_n != tensor_n:
+                return None
+            if d > 0:
+                chunk = strides[d - 1]
+                tensor_n = view_n = 1
+    return tuple(out) if view_d == -1 else None
+
+
+def _reshape_strides(st: tuple, args: tuple, kwargs: dict, old: tuple, new: tuple) -> tuple:
+    return _view_strides(old, st, new) or _c_strides(new)   # (squeeze, unsqueeze: a view)
+
+
+def _transpose_strides(st: tuple, args: tuple, kwargs: dict, old: tuple, new: tuple) -> tuple:
+    dims = list(args) + [kwargs[k] for k in ("dim0", "dim1") if k in kwargs]
+    d0, d1 = (list(dims) + [0, 1][len(dims):])[:2]
+    out = list(st)
+    out[d0 % len(st)], out[d1 % len(st)] = st[d1 % len(st)], st[d0 % len(st)]
+    return tuple(out)
+
+
+def _permute_strides(st: tuple, args: tuple, kwargs: dict, old: tuple, new: tuple) -> tuple:
+    dims = tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+    return tuple(st[d % len(st)] for d in dims)
+
+
+def _reversed_strides(st: tuple, args: tuple, kwargs: dict, old: tuple, new: tuple) -> tuple:
+    return st[::-1]
+
+
+def _expand_strides(st: tuple, args: tuple, kwargs: dict, old: tuple, new: tuple) -> tuple:
+    lead = len(new) - len(old)
+    return (0,) * lead + tuple(0 if n == 1 and new[i + lead] != 1 else s
+                               for i, (n, s) in enumerate(zip(old, st, strict=True)))
+
+
+def _index_strides(st: tuple, args: tuple, kwargs: dict, old: tuple, new: tuple) -> tuple:
+    out, d = [], 0
+    for it in expand_index(args[0], len(old)):
+        if it is None:
+            out.append(0)
+        elif type(it) is slice:
+            out.append(st[d] * it.indices(old[d])[2])
+            d += 1
+        else:
+            d += 1
+    return tuple(out)
 
 
 def _basic(index: Any) -> bool:
@@ -327,11 +443,13 @@ def _reads_none_of(index: Any, shape: tuple) -> Callable | None:
 
 
 _reshape_view = _marks_view(_reshape, "reshape")
-_transpose, _permute, _t, _expand = (
-    _marks_view(f, "layout") for f in (_transpose, _permute, _t, _expand))
+_transpose = _marks_view(_transpose, "layout", _transpose_strides)
+_permute = _marks_view(_permute, "layout", _permute_strides)
+_t = _marks_view(_t, "layout", _reversed_strides)
+_expand = _marks_view(_expand, "layout", _expand_strides)
 _flatten = _marks_view(_flatten, "reshape")     # (its own reshape: no view of its own)
 for _n in ("unsqueeze", "squeeze"):
-    setattr(Tensor, _n, _marks_view(getattr(Tensor, _n), "shape"))
+    setattr(Tensor, _n, _marks_view(getattr(Tensor, _n), "shape", _reshape_strides))
 
 Tensor.reshape = _reshape_view
 Tensor.view = _reshape_view
@@ -340,7 +458,7 @@ Tensor.swapaxes = _transpose
 Tensor.permute = _permute
 Tensor.t = _t
 Tensor.T = property(_marks_view(lambda self: record(_r(tnp.transpose), "Permute", (self,), {}),
-                                 "layout"))
+                                 "layout", _reversed_strides))
 Tensor.mT = property(lambda self: _transpose(self, -2, -1))
 Tensor.flatten = _flatten
 Tensor.expand = _expand
@@ -349,7 +467,7 @@ Tensor.broadcast_to = _expand
 Tensor.view_as = lambda self, other: _reshape_view(self, other.shape)
 Tensor.reshape_as = lambda self, other: _reshape_view(self, other.shape)
 Tensor.clone = _clone
-Tensor.contiguous = lambda self: self
+Tensor.contiguous = lambda self: _contiguous_of(self)
 Tensor.cpu = lambda self: self
 Tensor.to = _to
 Tensor.type_as = lambda self, other: _to(self, other.dtype)
