@@ -282,9 +282,9 @@ class Tensor:
         if self._x is not None:      # new storage: old aliases and views no longer see it
             self._x.pop("aliases", None)
             self._x.pop("view", None)       # (nor does it see its own base, if a view)
-            for ref in self._x.pop("views", None) or ():
-                v = ref()
-                if v is not None and v._x.get("view", (None,))[0] is self:
+            views = self._x.pop("views", None)
+            for v in all_views(views) if views is not None else ():
+                if v._x.get("view", (None,))[0] is self:
                     del v._x["view"]        # (they hold the old storage: the base of their views)
         if value._fn is not None:
             # a result in a graph: its data, not its variable (this tensor is no output of that
@@ -456,16 +456,19 @@ def write_aliases(t: Tensor) -> list[tuple[Tensor, Node | None]]:
 
 class _Views(list):
     """Weak references to a tensor's live views (and some dead ones: see _prune); each
-    view's `_x["view"]` says how it was made from the tensor (tensor_ops._marks_view)."""
-    __slots__ = ("prune_at",)
+    view's `_x["view"]` says how it was made from the tensor (tensor_ops._marks_view).
+    Rows (x[i] for an int i) are kept apart by row, in `rows`: writing x[i] remakes those
+    of row i only, whatever the number of other rows kept (x[t + 1] = f(x[t]))."""
+    __slots__ = ("prune_at", "rows")
 
 
 def register_view(view: Tensor, of: tuple) -> None:
     """Mark `view` as made from of[0] by the steps of[1], each (method, args, kwargs)
-    (contiguous or not: of[2]), sharing its version counter (as torch's views), and
-    register it there. tracegrad's views are values, not windows on their base's storage, so
-    the base remembers them to make them again: an in-place change of it remakes its live
-    views (refresh_views), which then read its new value, as torch's views do."""
+    (its layout: of[2]; of[3], the row when it is x[row]), sharing its version counter (as
+    torch's views), and register it there. tracegrad's views are values, not windows on
+    their base's storage, so the base remembers them to make them again: an in-place change
+    of it remakes its live views (refresh_views), which then read its new value, as torch's
+    views do."""
     root = of[0]
     x = view._x
     if x is None:
@@ -478,7 +481,18 @@ def register_view(view: Tensor, of: tuple) -> None:
     if views is None:
         views = root._extra()["views"] = _Views()
         views.prune_at = 32
-    elif len(views) >= views.prune_at:
+        views.rows = {}
+    row = of[3]
+    if row is not None:
+        refs = views.rows.get(row)
+        if refs is None:
+            views.rows[row] = [weakref.ref(view)]
+            return
+        if len(refs) >= 8:
+            refs[:] = [r for r in refs if r() is not None]
+        refs.append(weakref.ref(view))
+        return
+    if len(views) >= views.prune_at:
         _prune(views)
     views.append(weakref.ref(view))
 
@@ -497,11 +511,37 @@ def _prune(views: _Views) -> list:
     return live
 
 
-def refresh_views(base: Tensor, unchanged: Callable | None = None) -> None:
+def _rows(views: _Views, row: int | None) -> list:
+    """The live views of `row` (of every row: None), dead references dropped."""
+    keys = list(views.rows) if row is None else [row] if row in views.rows else []
+    live = []
+    for r in keys:
+        refs = views.rows.get(r)
+        if refs is None:
+            continue
+        n = len(refs)
+        now = [v for ref in refs[:n] if (v := ref()) is not None]
+        if now:
+            refs[:n] = [weakref.ref(v) for v in now]
+            live += now
+        elif n == len(refs):
+            views.rows.pop(r, None)
+    return live
+
+
+def all_views(views: _Views) -> list:
+    """The live views of a registry, rows and all."""
+    return _prune(views) + _rows(views, None)
+
+
+def refresh_views(base: Tensor, unchanged: Callable | None = None,
+                  row: int | None = None) -> None:
     """Make `base`'s live views again from its new value; one that had a gradient history
     gets a new one, into base's. `unchanged(steps)`: whether a view made by `steps` reads
-    none of what changed (an assignment to other elements: x[t + 1] = f(x[t]))."""
-    live = _prune(base._x["views"])
+    none of what changed (an assignment to other elements: x[t + 1] = f(x[t])); `row`: the
+    one row written (x[row] = ...), so the other rows' views are not even looked at."""
+    views = base._x["views"]
+    live = _prune(views) + _rows(views, row)
     saved = mode.grad
     try:
         for v in live:

@@ -269,9 +269,10 @@ def _marks_view(method: Any, kind: str, strides: Callable | None = None) -> Any:
         elif kind == "layout" or layout is not True:
             layout = (strides, args, kwargs, self.shape, out.shape, layout)
         if of is None:
-            of = (self, ((method, args, kwargs),), layout)
+            row = args[0] % self.shape[0] if kind == "index" and type(args[0]) is int else None
+            of = (self, ((method, args, kwargs),), layout, row)
         else:       # a view of a view: of the first base, made by both steps
-            of = (of[0], of[1] + ((method, args, kwargs),), layout)
+            of = (of[0], of[1] + ((method, args, kwargs),), layout, None)
         register_view(out, of)
         return out
     return m
@@ -520,7 +521,8 @@ def _check_inplace(self: Tensor) -> None:
             "https://github.com/pytorch/rfcs/pull/17 for more details.")
 
 
-def assign(self: Tensor, new: Tensor, unchanged: Callable | None = None) -> Tensor:
+def assign(self: Tensor, new: Tensor, unchanged: Callable | None = None,
+           row: int | None = None) -> Tensor:
     """Make `self` hold `new`'s value (and, if recorded with grad, its history); bump the
     version counter. Writes through to the tensors sharing its storage, and remakes its
     views (but those `unchanged`: see refresh_views)."""
@@ -565,7 +567,7 @@ def assign(self: Tensor, new: Tensor, unchanged: Callable | None = None) -> Tens
             for t, prev in write_aliases(self):
                 _chain(t, prev)
         if "views" in self._x:
-            refresh_views(self, unchanged)
+            refresh_views(self, unchanged, row)
     return self
 
 
@@ -668,16 +670,18 @@ Tensor.normal_ = _normal_
 
 def _setitem(self: Tensor, index: Any, value: Any) -> None:
     _check_inplace(self)
-    unchanged = None
+    unchanged = row = None
     if isinstance(index, Tensor) and index.dtype == np.bool_:
         new = record(_masked_set, "MaskedFill", (self, index, value), {})
     else:
         new = record(_scatter, "CopySlices", (self, value, index), {})
         if self._x is not None and "views" in self._x:
             unchanged = _reads_none_of(index, self.shape)
+            if type(index) is int:
+                row = index % self.shape[0]
     if new._fn is not None:
         new._fn.name_ = "CopySlices"
-    assign(self, new, unchanged)
+    assign(self, new, unchanged, row)
 
 
 Tensor.__setitem__ = _setitem
