@@ -154,6 +154,28 @@ def test_indexing_and_slice_assignment():
     assert x[x > 1].tolist() == [2.0, 3.0]
 
 
+def test_slice_assignment_broadcasts_as_numpy():
+    """None in the index, and a value with leading 1s beyond the target's rank (numpy and
+    torch drop them), through the gradient too."""
+    v = tg.tensor(np.array([[1.0, 2.0, 3.0, 4.0]], np.float32), requires_grad=True)
+    w = tg.tensor(np.array([2.0], np.float32), requires_grad=True)
+    x = tg.zeros(3, 4) * 1.0
+    want = np.zeros((3, 4), np.float32)
+    x[0] = v * 2.0
+    want[0] = np.array([[2.0, 4.0, 6.0, 8.0]])
+    x[None, 1:, None, 2] = w
+    want[None, 1:, None, 2] = 2.0
+    x[1:, None] = x[1:, None] + 1.0
+    want[1:, None] = want[1:, None] + 1.0
+    x[1, None, 1:3] = 7.0
+    want[1, None, 1:3] = 7.0
+    np.testing.assert_array_equal(x.detach().numpy(), want)
+    (x * x).sum().backward()
+    assert v.grad.shape == (1, 4) and w.grad.shape == (1,)
+    np.testing.assert_allclose(v.grad.numpy(), [[8, 16, 24, 32]])    # 2 * 2 * 2v
+    np.testing.assert_allclose(w.grad.numpy(), [2 * (2 + 1)])        # row 2's; row 1's is 7
+
+
 # ---- graph introspection -------------------------------------------------------------------------
 
 def test_grad_fn_names_next_functions_and_is_leaf():

@@ -688,24 +688,34 @@ Tensor.__setitem__ = _setitem
 
 
 def _scatter(x: Any, v: Any, index: Any) -> Any:
-    """`x` with `x[index]` replaced by `v` (basic indexing: ints, slices, `...`)."""
+    """`x` with `x[index]` replaced by `v` (basic indexing: ints, slices, `...`, None), `v`
+    broadcast to x[index]'s shape as numpy does (leading 1s of `v` beyond its rank dropped)."""
     shape = tuple(x.shape)
     items = expand_index(index, len(shape))
-    if any(i is None or not isinstance(i, (int, np.integer, slice)) for i in items):
-        raise NotImplementedError("slice assignment supports ints, slices and '...'; use "
-                                  "tg.where for masks")
-    slices, sub, kept = [], [], []
-    for item, n in zip(items, shape, strict=False):
+    if any(i is not None and not isinstance(i, (int, np.integer, slice)) for i in items):
+        raise NotImplementedError("slice assignment supports ints, slices, None and '...'; "
+                                  "use tg.where for masks")
+    slices, sub, target = [], [], []
+    axes = iter(shape)
+    for item in items:
+        if item is None:
+            target.append(1)
+            continue
+        n = next(axes)
         if isinstance(item, slice):
             s = item.indices(n)
             slices.append(s)
             sub.append(len(range(*s)))
-            kept.append(len(range(*s)))
+            target.append(len(range(*s)))
         else:
             i = int(item) % n
             slices.append((i, i + 1, 1))
             sub.append(1)
-    v = E.broadcast_to(E.asdtype(v, x.dtype), kept)
+    v = E.asdtype(v, x.dtype)
+    extra = len(v.shape) - len(target)
+    if extra > 0 and all(d == 1 for d in v.shape[:extra]):
+        v = E.reshape(v, tuple(v.shape[extra:]))
+    v = E.broadcast_to(v, target)
     v = E.reshape(v, sub)
     mask = np.zeros(shape, np.bool_)
     mask[tuple(slice(*s) for s in slices)] = True
