@@ -555,7 +555,9 @@ def refresh_views(base: Tensor, unchanged: Callable | None = None,
             new = base
             for method, args, kwargs in steps:
                 new = method(new, *args, **kwargs)
-            v._var, v._value, v._node, v._fn, v._rg = (new._var, new._value, new._node,
-                                                       new._fn, new._rg or v._rg)
+            # (a view made a leaf with requires_grad_() stays one; the rest take new's)
+            v._var, v._value, v._node, v._fn, v._rg = (
+                new._var, new._value, new._node, new._fn,
+                new._rg or v._fn is None and v._rg)
     finally:
         mode.grad = saved

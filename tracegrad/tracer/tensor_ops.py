@@ -425,19 +425,16 @@ def _bounds(index: Any, shape: tuple) -> list | None:
 
 def _reads_none_of(index: Any, shape: tuple) -> Callable | None:
     """refresh_views' `unchanged` after `x[index] = ...` of an `x` of `shape`: a view
-    x[other] whose bounds miss the written ones on some axis reads none of it."""
+    x[other] whose bounds miss the written ones on some axis reads none of it. (Writing an
+    int row, refresh_views looks at that row's x[i] views only, not at the other rows'.)"""
     written = _bounds(index, shape)
     if written is None:
         return None
-    row = index % shape[0] if type(index) is int else None
 
     def unchanged(steps: tuple) -> bool:
         if len(steps) != 1 or steps[0][0] is not _getitem_raw:
             return False
-        other = steps[0][1][0]
-        if row is not None and type(other) is int:      # (rows: the common case)
-            return other % shape[0] != row
-        b = _bounds(other, shape)
+        b = _bounds(steps[0][1][0], shape)
         return b is not None and any(e1 <= s2 or e2 <= s1 for (s1, e1), (s2, e2)
                                      in zip(b, written, strict=False))
     return unchanged
@@ -468,7 +465,7 @@ Tensor.broadcast_to = _expand
 Tensor.view_as = lambda self, other: _reshape_view(self, other.shape)
 Tensor.reshape_as = lambda self, other: _reshape_view(self, other.shape)
 Tensor.clone = _clone
-Tensor.contiguous = lambda self: _contiguous_of(self)
+Tensor.contiguous = _contiguous_of
 Tensor.cpu = lambda self: self
 Tensor.to = _to
 Tensor.type_as = lambda self, other: _to(self, other.dtype)
