@@ -136,6 +136,10 @@ def test_shape_ops(name):
 def test_pad_slice_and_scatter_add():
     index = ((1, 3, 1), (0, 4, 2))
     check_grads(lambda g: E.pad_slice(g, (3, 4), index), [rand(2, 2)])
+    check_grads(lambda x, g: E.update_slice(x, g, index), [rand(3, 4), rand(2, 2)],
+                order=2)
+    check_grads(lambda x, g: E.update_slice(E.tanh(x), g * g, ((2, -1, -1), (1, 2, 1))),
+                [rand(3, 4), rand(3, 1)])
     idx = np.array([0, 2, 2, 1])
     check_grads(lambda g: E.scatter_add(g, idx, 1, 5), [rand(3, 4)])
     check_grads(lambda g: E.scatter_add(g, idx.reshape(2, 2), 0, 3), [rand(2, 2, 3)])

@@ -196,6 +196,9 @@ def test_shape_ops():
                             ((2, -1, -1), (0, 4, 1), (0, 5, 1))),
                 E.pad_slice(y, (5, 10), ((1, 5, 1), (1, 10, 2))),
                 E.pad_slice(y, (5, 5), ((4, 0, -1), (0, 5, 1))),
+                E.update_slice(x, E.exp(E.slice_(x, ((0, 3, 2), (1, 3, 1), (4, -1, -2)))),
+                               ((2, -1, -2), (1, 3, 1), (0, 5, 2))),
+                E.update_slice(y * 2.0, 1.5, ((3, 4, 1), (0, 5, 1))),
                 E.concatenate([x, x * 2.0, E.slice_(x, ((0, 3, 1), (0, 4, 1), (0, 1, 1)))], 2),
                 E.concatenate([E.reshape(y, (1, 4, 5)), E.full((2, 4, 5), 0.0, F32)], 0),
                 E.transpose(E.reshape(E.exp(x), (12, 5)), (1, 0))]

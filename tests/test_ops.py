@@ -225,6 +225,13 @@ for _dt in ALL:
     _g = data((2, 2), _dt, 18)
     CASES.append(Case("pad_slice", lambda g: E.pad_slice(g, (3, 4), ((1, 3, 1), (0, 4, 2))),
                       lambda g: _padded(g, (3, 4), np.s_[1:3, 0:4:2]), [_g]))
+    CASES.append(Case("update_slice",
+                      lambda x, g: E.update_slice(x, g, ((2, 0, -1), (1, 4, 2))),
+                      lambda x, g: _updated(x, g, np.s_[2:0:-1, 1:4:2]),
+                      [data((3, 4), _dt, 29), _g]))
+    CASES.append(Case("update_slice",       # a row, from a scalar broadcast
+                      lambda x: E.update_slice(x, 7, ((1, 2, 1), (0, 4, 1))),
+                      lambda x: _updated(x, 7, np.s_[1:2, :]), [data((3, 4), _dt, 30)]))
 
 # traced integer indices
 CASES.append(Case("take", lambda x, i: tg.take(x, i, axis=0),
@@ -234,6 +241,12 @@ CASES.append(Case("take", lambda x, i: tg.take(x, i, axis=0),
 
 def _padded(g, shape, index):
     out = np.zeros(shape, g.dtype)
+    out[index] = g
+    return out
+
+
+def _updated(x, g, index):
+    out = x.copy()
     out[index] = g
     return out
 
@@ -365,6 +378,9 @@ def test_references_structural():
     np.testing.assert_array_equal(
         OPS["pad_slice"].ref(g, shape=(2, 3, 4), index=((1, 2, 1), (2, -1, -1), (0, 4, 3))),
         _padded(g, (2, 3, 4), np.s_[1:2, 2::-1, 0:4:3]))
+    np.testing.assert_array_equal(
+        OPS["update_slice"].ref(x, g * 5, index=((1, 2, 1), (2, -1, -1), (0, 4, 3))),
+        _updated(x, g * 5, np.s_[1:2, 2::-1, 0:4:3]))
     np.testing.assert_array_equal(OPS["concatenate"].ref(x, x, axis=1),
                                   np.concatenate([x, x], 1))
     idx = np.array([[0, 3], [3, 3]])

@@ -79,3 +79,42 @@ def test_data_has_a_version_counter_of_its_own(name):
     z.sum().backward()      # no "modified by an inplace operation"
     assert W.grad is not None
     assert W.detach().clone().add_(1).tolist() == [3.0, 4.0, 5.0]
+
+
+def _rows_into_a_buffer(W, h0, C, steps):
+    """An RNN writing each state into a row of a preallocated buffer (and, every other step,
+    a strided piece of the row before it), the loss reading the whole buffer."""
+    buf = tg.zeros(steps + 1, 6, dtype=tg.float64)
+    h = h0
+    for t in range(steps):
+        h = tg.tanh(h @ W)
+        buf[t + 1] = h[0]
+        if t % 2:
+            buf[t, ::-2] = h[0, 1::2] * 0.5
+    return (buf * C).sum()
+
+
+def test_rows_written_into_a_buffer_differentiate_and_replay():
+    """Slice assignment in a loop: each write is one update_slice (recorded once per index,
+    so a second pass replays the cached plan); gradients against central differences."""
+    import numpy as np
+    rng = np.random.default_rng(3)
+    W0, h0 = rng.normal(size=(6, 6)) * 0.5, rng.normal(size=(1, 6))
+    C = rng.normal(size=(9, 6))
+
+    def loss(w):
+        return _rows_into_a_buffer(tg.tensor(w), tg.tensor(h0), tg.tensor(C), 8).item()
+
+    eps = 1e-6
+    fd = np.zeros_like(W0)
+    for i in np.ndindex(*W0.shape):
+        d = np.zeros_like(W0)
+        d[i] = eps
+        fd[i] = (loss(W0 + d) - loss(W0 - d)) / (2 * eps)
+    for _ in range(2):
+        W = tg.tensor(W0, requires_grad=True)
+        out = _rows_into_a_buffer(W, tg.tensor(h0), tg.tensor(C), 8)
+        out.backward()
+        assert out.grad_fn.name() == "SumBackward0"
+        np.testing.assert_allclose(out.item(), loss(W0), rtol=1e-13)
+        np.testing.assert_allclose(W.grad.numpy(), fd, rtol=1e-6, atol=1e-8)

@@ -2,9 +2,9 @@
 
 Inside a loop body, `ElementReader.value(var, idx)` walks from a root back to the loads:
 elementwise ops recurse at the (broadcast) index, views (broadcast, transpose, slice, reshape,
-pad_slice, concatenate, take) rewrite the index, creation ops compute the element from the
-index, and variables that live in buffers are loaded. Results are memoised per (variable,
-index), so a value used twice at the same point is computed once."""
+pad_slice, update_slice, concatenate, take) rewrite the index, creation ops compute the
+element from the index, and variables that live in buffers are loaded. Results are memoised
+per (variable, index), so a value used twice at the same point is computed once."""
 from __future__ import annotations
 
 import math
@@ -155,6 +155,8 @@ class ElementReader:
             return self.value(x, src)
         if op == "pad_slice":
             return self._pad_slice(v, x, idx, p)
+        if op == "update_slice":
+            return self._update_slice(x, ins[1], idx, p)
         if op == "concatenate":
             return self._concatenate(v, ins, idx, p["axis"])
         if op == "take":
@@ -177,14 +179,13 @@ class ElementReader:
             return self.b.icmp_signed("!=", i, self.c(0))
         return i if t == I64 else self.b.trunc(i, t)
 
-    def _pad_slice(self, v: Var, g, idx, p) -> ir.Value:
+    def _in_slice(self, idx, shape, index) -> tuple[ir.Value, list]:
+        """Whether the element at `idx` of an array of `shape` lies in its slice `index`, and
+        its index in the slice (clamped in range, so it may be read either way)."""
         b = self.b
-        zero = const(v.aval.dtype, 0)
-        if g.aval.size == 0:
-            return zero
         inside = ir.Constant(I1, 1)
         src = []
-        for i, d, s in zip(idx, p["shape"], p["index"], strict=False):
+        for i, d, s in zip(idx, shape, index, strict=False):
             r = slice_range(d, s)
             rel = b.sub(i, self.c(r.start))
             if r.step == 1:
@@ -195,7 +196,20 @@ class ElementReader:
                 inside = b.and_(inside, exact)
             inside = b.and_(inside, b.icmp_unsigned("<", q, self.c(len(r))))
             src.append(self.clamp(q, len(r) - 1))
-        return b.select(inside, self.value(g, src), zero)
+        return inside, src
+
+    def _pad_slice(self, v: Var, g, idx, p) -> ir.Value:
+        zero = const(v.aval.dtype, 0)
+        if g.aval.size == 0:
+            return zero
+        inside, src = self._in_slice(idx, p["shape"], p["index"])
+        return self.b.select(inside, self.value(g, src), zero)
+
+    def _update_slice(self, x, u, idx, p) -> ir.Value:
+        if u.aval.size == 0:
+            return self.value(x, idx)
+        inside, src = self._in_slice(idx, x.aval.shape, p["index"])
+        return self.b.select(inside, self.value(u, src), self.value(x, idx))
 
     def _concatenate(self, v: Var, xs, idx, axis: int) -> ir.Value:
         b = self.b

@@ -289,6 +289,15 @@ def pad_slice(g: Any, shape: Sequence[int], index: Sequence[tuple[int, int, int]
                 index=tuple(tuple(s) for s in index))
 
 
+def update_slice(x: Any, v: Any, index: Sequence[tuple[int, int, int]]) -> Any:
+    """`x` with its slice `index` (as `slice_`'s) replaced by `v`, broadcast to that slice's
+    shape and cast to x's dtype (as numpy's slice assignment does)."""
+    d = dtype_of(x)
+    index = tuple(tuple(s) for s in index)
+    v = broadcast_to(asdtype(v, d), [len(range(*s)) for s in index])
+    return bind("update_slice", asdtype(x, d), v, index=index)
+
+
 def concatenate(xs: Sequence[Any], axis: int) -> Any:
     xs = promote(*xs)
     if len(xs) == 1:

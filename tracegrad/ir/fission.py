@@ -249,6 +249,8 @@ def _batch(e: Eqn, ins: list[tuple[Atom, str]], T: int, eqns: list[Eqn] | None =
     elif op == "pad_slice":
         add(op, atoms, {"shape": whole.shape, "index": ((0, T, 1),) + tuple(params["index"])},
             whole)
+    elif op == "update_slice":
+        add(op, atoms, {"index": ((0, T, 1),) + tuple(params["index"])}, whole)
     elif op == "concatenate":
         add(op, atoms, {"axis": params["axis"] + 1}, whole)
     elif op == "broadcast":

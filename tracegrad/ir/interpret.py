@@ -92,6 +92,14 @@ _np_matmul = np.matmul
 _ndot = np.ndarray.dot
 
 
+def _updater(idx: tuple) -> Callable:
+    def update(x: np.ndarray, v: np.ndarray) -> np.ndarray:
+        out = x.copy()
+        out[idx] = v
+        return out
+    return update
+
+
 def _flip(x: np.ndarray) -> np.ndarray:
     """A 2-d transpose (a view: contiguous when `x` is, in the other order)."""
     return x.T
@@ -169,6 +177,8 @@ def _fast_fn(e: Any) -> Callable | None:
     if op == "slice":
         idx = np_index(p["index"])
         return lambda x: x[idx]
+    if op == "update_slice" and same:
+        return _updater(np_index(p["index"]))
     if op == "concatenate" and same:
         return concatenation(p["axis"])
     if op == "select" and len({a.aval.dtype for a in e.inputs[1:]} | {out.dtype}) == 1:

@@ -157,6 +157,12 @@ def _pad_slice(g: Aval, *, shape: tuple[int, ...], index: tuple) -> Aval:
     return Aval(tuple(shape), g.dtype)
 
 
+def _update_slice(x: Aval, v: Aval, *, index: tuple) -> Aval:
+    if slice_shape(x.shape, index) != v.shape:
+        raise ShapeError(f"update {v.shape} does not fill slice {index} of shape {x.shape}")
+    return Aval(x.shape, _same_dtype(x, v))
+
+
 def _concatenate(*xs: Aval, axis: int) -> Aval:
     if not xs:
         raise ShapeError("needs at least one operand")
@@ -331,6 +337,12 @@ def _ref_pad_slice(g, *, shape, index):
     return out
 
 
+def _ref_update_slice(x, v, *, index):
+    out = x.copy()
+    out[np_index(index)] = v
+    return out
+
+
 def clip_index(idx: np.ndarray, n: int) -> np.ndarray:
     """take/scatter_add index semantics: negatives wrap once, then clamp into [0, n-1] (JAX's
     "clip" mode). Values cannot raise inside compiled code, so both passes and both backends
@@ -454,6 +466,7 @@ _def("broadcast", "shape", _broadcast,
 _def("transpose", "shape", _transpose, lambda x, *, perm: np.transpose(x, perm))
 _def("slice", "shape", _slice, _ref_slice)
 _def("pad_slice", "shape", _pad_slice, _ref_pad_slice)
+_def("update_slice", "shape", _update_slice, _ref_update_slice)
 _def("concatenate", "shape", _concatenate, lambda *xs, axis: np.concatenate(xs, axis))
 _def("take", "index", _take, _ref_take)
 _def("scatter_add", "index", _scatter_add, _ref_scatter_add)

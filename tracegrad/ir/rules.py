@@ -205,6 +205,8 @@ VJP.update({
     "transpose": lambda g, x, out, perm: (E.transpose(g, _inverse(perm)),),
     "slice": lambda g, x, out, index: (E.pad_slice(g, x.shape, index),),
     "pad_slice": lambda g, x, out, shape, index: (E.slice_(g, index),),
+    "update_slice": lambda g, x, v, out, index: (
+        E.update_slice(g, E.zeros_like(v), index), E.slice_(g, index)),
     "concatenate": _concat_vjp,
     "take": lambda g, x, idx, out, axis: (E.scatter_add(g, idx, axis, x.shape[axis]), None),
     "scatter_add": lambda g, x, idx, out, axis, size: (E.take(g, idx, axis), None),
@@ -282,6 +284,7 @@ JVP.update({
     "transpose": _linear(E.transpose),
     "slice": _linear(E.slice_),
     "pad_slice": _linear(E.pad_slice),
+    "update_slice": _linear(E.update_slice),
     "concatenate": lambda *a, out, axis: _linear(
         lambda *xs, axis: E.concatenate(xs, axis))(*a, out=out, axis=axis),
     "take": lambda tx, ti, x, idx, out, axis: None if tx is None else E.take(tx, idx, axis),

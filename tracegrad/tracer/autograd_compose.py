@@ -263,7 +263,9 @@ class _Backward:
                                           for a in e.inputs):
                 kinds[i] = PLAIN
                 own.update(local[v.id] for v in e.outvars)
-        self.infos = [(op, kind) for (op, _), kind in zip(infos, kinds, strict=True)]
+        # (the equations making constants, `full` of zeros say, are not steps: see _recipe)
+        self.infos = [(op, kind) for (op, _), kind, e in zip(infos, kinds, eqns, strict=True)
+                      if e.inputs or e.op not in _CREATE]
         # per step what the composer reads, in one tuple: (fn, getter, arity, number of
         # outputs, kind, equation, op); and (input, local number) per gradient made
         self.flat = [(fn, ins, arity, len(outs), kind, te, op) for (fn, ins, outs, arity, te),

@@ -483,6 +483,7 @@ _STEMS = {"mul": "Mul", "add": "Add", "sub": "Sub", "div": "Div", "neg": "Neg", 
           "matmul": "Mm", "reduce_sum": "Sum", "broadcast": "Expand", "reshape": "View",
           "transpose": "Permute", "select": "Where", "exp": "Exp", "log": "Log",
           "convert": "ToCopy", "pad_slice": "SliceBackward", "slice": "Slice",
+          "update_slice": "CopySlices",
           "concatenate": "Cat", "scatter_add": "IndexPut", "take": "Index", "cos": "Cos",
           "sin": "Sin", "max": "Maximum", "min": "Minimum", "sqrt": "Sqrt", "abs": "Abs"}
 

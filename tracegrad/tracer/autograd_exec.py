@@ -750,7 +750,9 @@ def grad_walk(roots: list[Node]) -> Walk | None:
                 if gsrc is None:
                     if type(vsrc) is Node:
                         if vsrc.grad:   # a no-grad use of a value of this walk? (below)
-                            uses = [vsrc] if uses is None else uses + [vsrc]
+                            if uses is None:
+                                uses = []
+                            uses.append(vsrc)
                         vsrc = _cached(vsrc, var)
                         if vsrc is None:
                             return None     # computed without grad: the general walk
@@ -775,7 +777,9 @@ def grad_walk(roots: list[Node]) -> Walk | None:
                     return None
             append(k)
         if n.grad and n._saved and (n.freed or n.epoch != epoch):
-            suspects = [n] if suspects is None else suspects + [n]
+            if suspects is None:
+                suspects = set()
+            suspects.add(id(n))
     if uses is not None:
         for v in uses:
             if base <= v.w < top:
@@ -784,7 +788,7 @@ def grad_walk(roots: list[Node]) -> Walk | None:
     append(tuple([n.w - base for n in order]))
     if suspects is not None:
         for n in order:
-            if n in suspects:
+            if id(n) in suspects:
                 check_saved(n)      # raises if a saved tensor was freed or changed
     w.order = order
     for r in roots:

@@ -713,7 +713,4 @@ def _scatter(x: Any, v: Any, index: Any) -> Any:
     if extra > 0 and all(d == 1 for d in v.shape[:extra]):
         v = E.reshape(v, tuple(v.shape[extra:]))
     v = E.broadcast_to(v, target)
-    v = E.reshape(v, sub)
-    mask = np.zeros(shape, np.bool_)
-    mask[tuple(slice(*s) for s in slices)] = True
-    return E.where(mask, E.pad_slice(v, shape, slices), x)
+    return E.update_slice(x, E.reshape(v, sub), slices)
