@@ -93,11 +93,111 @@ _ndot = np.ndarray.dot
 
 
 def _updater(idx: tuple) -> Callable:
+    """The step of an update_slice: a copy of `x` with its slice `idx` set to `v`. (Its
+    `index` marks it for `in_place`.)"""
     def update(x: np.ndarray, v: np.ndarray) -> np.ndarray:
         out = x.copy()
         out[idx] = v
         return out
+    update.index = idx
+    global _updates
+    _updates = True
     return update
+
+
+_updates = False    # whether `_updater` made a step yet (until then `in_place` has no work)
+
+
+def _slicer(idx: tuple) -> Callable:
+    """The step of a slice: a view. (Its `cut` marks it for `in_place`.)"""
+    def cut(x: np.ndarray) -> np.ndarray:
+        return x[idx]
+    cut.cut = idx
+    return cut
+
+
+def _cut_copy(view: Callable) -> Callable:
+    """`_slicer`'s step `view`, copying the slice (one per step function, as below)."""
+    fn = _IN_PLACE.get(view)
+    if fn is None:
+        idx = view.cut
+
+        def fn(x: np.ndarray) -> np.ndarray:
+            return x[idx].copy()
+        remember(_IN_PLACE, view, fn, 4096)
+    return fn
+
+
+def _update_in_place(copying: Callable) -> Callable:
+    """`_updater`'s step `copying`, writing into its operand (one per step function, so that
+    plans made alike have the same functions: see tracer.autograd_template)."""
+    fn = _IN_PLACE.get(copying)
+    if fn is None:
+        idx = copying.index
+
+        def fn(x: np.ndarray, v: np.ndarray) -> np.ndarray:
+            x[idx] = v
+            return x
+        remember(_IN_PLACE, copying, fn, 4096)
+    return fn
+
+
+_IN_PLACE: dict[Callable, Callable] = {}
+
+
+def in_place(steps: list, outs: Iterable[int]) -> list:
+    """`steps` (a Program's or a composed plan's: (function, input slots, output slot or
+    slots, arity)) with each update_slice step that may write into its operand's array doing
+    so instead of copying it, so that a loop's `buf[t] = h` costs a row, not the buffer. It
+    may where the operand was made by another update_slice step (an array of the run's own:
+    never an input or a constant) and nothing reads it, or any value that may share its
+    memory, after this step, nor is it one of the slots `outs` returned. Every other step
+    is taken to possibly return a view of its operands, but a slice: a slice of an array
+    written in place copies instead (it costs its size, where the update saves the whole's),
+    so a gradient's `g[t]` read before `g[t]` is zeroed does not keep g from being written."""
+    if not _updates:
+        return steps
+    ups = [i for i, s in enumerate(steps) if getattr(s[0], "index", None) is not None]
+    if not ups:
+        return steps
+    last: dict[int, int] = {}       # slot -> the last step reading it
+    for i, s in enumerate(steps):
+        for k in s[1]:
+            last[k] = i
+    for k in outs:
+        last[k] = len(steps)
+    made = {steps[i][2]: i for i in ups}
+    owners: dict[int, Any] = {k: (k,) for k in made}   # slot -> the arrays it may share
+    until = {k: last.get(k, -1) for k in made}      # an array -> the last step reading it
+    cuts = []       # (step, the arrays it may share) per slice of one
+    for i, (fn, ins, out, n) in enumerate(steps):
+        if made.get(out, -1) == i:
+            continue
+        shared = {r for k in ins for r in owners.get(k, ())}
+        if not shared:
+            continue
+        if getattr(fn, "cut", None) is not None:
+            cuts.append((i, shared))
+            continue
+        for o in (out,) if n >= 0 else out:
+            owners[o] = shared
+            t = last.get(o, -1)
+            for r in shared:
+                if until[r] < t:
+                    until[r] = t
+    steps = list(steps)
+    written = set()
+    for i in ups:
+        fn, ins, out, n = steps[i]
+        x = ins[0]
+        if x in made and until[x] == i:
+            steps[i] = (_update_in_place(fn), ins, out, n)
+            written.add(x)
+    for i, shared in cuts:
+        if not written.isdisjoint(shared):
+            fn, ins, out, n = steps[i]
+            steps[i] = (_cut_copy(fn), ins, out, n)
+    return steps
 
 
 def _flip(x: np.ndarray) -> np.ndarray:
@@ -175,8 +275,7 @@ def _fast_fn(e: Any) -> Callable | None:
         shape = tuple(p["shape"])     # sums in another order)
         return lambda x: _broadcast(x, shape)
     if op == "slice":
-        idx = np_index(p["index"])
-        return lambda x: x[idx]
+        return _slicer(np_index(p["index"]))
     if op == "update_slice" and same:
         return _updater(np_index(p["index"]))
     if op == "concatenate" and same:
@@ -272,8 +371,7 @@ def restep(e: Any, fn: Callable, params: dict, in_shapes: list | None) -> Callab
         shape = tuple(params["shape"])
         return lambda x: x.reshape(shape)
     if op == "slice" and e.outvars[0].aval.shape:
-        idx = np_index(params["index"])
-        return lambda x: x[idx]
+        return _slicer(np_index(params["index"]))
     if op == "matmul" and (fn is _dot or fn is _outer) and len(in_shapes[0]) == 2 and \
             len(in_shapes[1]) == 2:     # (one dtype throughout: _fast_fn picked these)
         if in_shapes[0][1] == 1:
@@ -330,9 +428,9 @@ class Program:
             fn = _scan_fn(e) if op == "scan" else _step_fn(e, True)
             steps.append((fn, ins, tuple(range(first, len(init))), -1))
         self.init = init
-        self.steps = steps
         self.made = made
         self.outs = [slot_of(a) for a in graph.outvars]
+        self.steps = steps = in_place(steps, self.outs)
         self.in_avals = [(v.aval.shape, v.aval.dtype) for v in graph.invars]
         self.in_sig = [(np.ndarray, *t) for t in self.in_avals]     # see __call__
         self.n_in = len(graph.invars)

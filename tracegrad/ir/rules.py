@@ -55,6 +55,11 @@ def _ub(g: Any, x: Any) -> Any:
     return None if g is None else E.unbroadcast(g, x.shape)
 
 
+def _update_slice_vjp(g, x, v, out, index):
+    gv = E.slice_(g, index)     # read before g's slice is zeroed: in place, where it may be
+    return E.update_slice(g, E.zeros_like(v), index), gv
+
+
 def _zeros(t: Any, like: Any) -> Any:
     return t if t is not None else E.zeros_like(like)
 
@@ -205,8 +210,7 @@ VJP.update({
     "transpose": lambda g, x, out, perm: (E.transpose(g, _inverse(perm)),),
     "slice": lambda g, x, out, index: (E.pad_slice(g, x.shape, index),),
     "pad_slice": lambda g, x, out, shape, index: (E.slice_(g, index),),
-    "update_slice": lambda g, x, v, out, index: (
-        E.update_slice(g, E.zeros_like(v), index), E.slice_(g, index)),
+    "update_slice": _update_slice_vjp,
     "concatenate": _concat_vjp,
     "take": lambda g, x, idx, out, axis: (E.scatter_add(g, idx, axis, x.shape[axis]), None),
     "scatter_add": lambda g, x, idx, out, axis, size: (E.take(g, idx, axis), None),

@@ -731,7 +731,7 @@ class _Composer:
         return out
 
     def finish(self, outs: list) -> Plan:
-        steps = self.steps
+        steps = _interp.in_place(self.steps, outs)
         fresh = {k for k in outs if _fresh(steps, k)}
         init = [None] * self.n
         for k, c in self.consts.items():
