@@ -354,3 +354,75 @@ def test_outputs_that_are_inputs_literals_or_repeated():
     g = b.build([x, y, y, 2.0])
     out = check(g, [rand((3,), F32)])
     assert out[1] is not out[2]
+
+
+def _update_graphs():
+    """(name, fn, number of updates written in place, of update groups): chains of updates
+    the planner may write into one buffer, and the cases where it must copy."""
+    row = lambda t: ((t, t + 1, 1), (0, 5, 1))      # noqa: E731
+
+    def chain(x, v):            # a loop filling rows: one buffer, each update in place
+        buf = E.full((6, 5), 0.0, F64)
+        for t in range(6):
+            buf = E.update_slice(buf, E.tanh(v * float(t)), row(t))
+        return [buf * 2.0]
+
+    def chain_out(x, v):        # the chain's buffer is the output's
+        buf = x * 1.0
+        for t in (4, 0, 2):
+            buf = E.update_slice(buf, v + float(t), row(t))
+        return [buf]
+
+    def read_before(x, v):      # each operand also read for the next row: in place, after it
+        buf = x * 1.0
+        for t in range(1, 4):
+            buf = E.update_slice(buf, E.slice_(buf, row(t - 1)) * 2.0, row(t))
+        return [buf]
+
+    def read_later(x, v):       # the operand read later in the program, by a group that
+        y = x * 1.0             # may run before the update: in place, the update waiting
+        z = E.update_slice(y, v, row(1))
+        return [z * 3.0, E.reduce_sum(y, (0,))]
+
+    def read_with(x, v):        # read by a group that also reads the update: copied
+        y = x * 1.0
+        z = E.update_slice(y, v, row(1))
+        return [z + y]
+
+    def strided(x, v):          # a strided, reversed slice, a scalar broadcast and a column
+        buf = E.exp(x)
+        buf = E.update_slice(buf, E.reshape(E.slice_(v, ((0, 1, 1), (0, 3, 1))), (3, 1)),
+                             ((5, -1, -2), (4, 5, 1)))
+        buf = E.update_slice(buf, 7.5, ((0, 6, 1), (2, -1, -2)))
+        return [buf]
+
+    return [("chain", chain, 6, 6), ("chain_out", chain_out, 3, 3),
+            ("read_before", read_before, 3, 3), ("read_later", read_later, 1, 1),
+            ("read_with", read_with, 0, 1),
+            ("strided", strided, 2, 2)]
+
+
+@pytest.mark.parametrize("name,fn,n_in_place,n_updates", _update_graphs(),
+                         ids=[c[0] for c in _update_graphs()])
+def test_updates_write_into_their_operands_buffer_where_they_may(name, fn, n_in_place,
+                                                                  n_updates):
+    from tracegrad.codegen.plan import plan_graph
+    g = build(fn, ((6, 5), F64), ((1, 5), F64))
+    plan = plan_graph(g)
+    assert sum(gr.kind == "update" for gr in plan.groups) == n_updates
+    assert len(plan.in_place) == n_in_place
+    x, v = rand((6, 5), F64), rand((1, 5), F64)
+    for _ in range(2):      # (the buffer is the run's own: the second run starts afresh)
+        check(g, [x, v])
+
+
+def test_a_long_chain_of_updates_compiles():
+    """400 updates in a chain were fused into one loop whose every element selected among
+    all 400: lowering it recursed 400 deep (RecursionError)."""
+    def f(v):
+        buf = E.full((400, 3), 0.0, F64)
+        for t in range(400):
+            buf = E.update_slice(buf, v * float(t), ((t, t + 1, 1), (0, 3, 1)))
+        return [buf]
+    g = build(f, ((1, 3), F64))
+    check(g, [rand((1, 3), F64)])

@@ -18,9 +18,11 @@ KERNEL_TYPE = ir.FunctionType(VOID, [PTR.as_pointer(), I64])
 class Kernel:
     def __init__(self, module: ir.Module, name: str,
                  buffers: list[tuple[Hashable, int, np.dtype]],
-                 body: ir.Function | None = None):
+                 body: ir.Function | None = None, offsets: dict | None = None):
         """`buffers`: (key, slot in the table, element dtype) for every buffer it touches.
-        `body`: an identical group's body to call instead of emitting a new one."""
+        `body`: an identical group's body to call instead of emitting a new one. `offsets`:
+        key -> elements the body's pointer starts past the buffer's (an update's slice)."""
+        self.offsets = offsets or {}
         self.module = module
         self.fresh = body is None
         self.buffers = buffers
@@ -43,9 +45,8 @@ class Kernel:
         wb = ir.IRBuilder(self.fn.append_basic_block("entry"))
         table, task = self.fn.args
         args = [task]
-        for (_, slot, _dt), t in zip(buffers, arg_types[1:], strict=False):
-            p = wb.load(wb.gep(table, [ir.Constant(I64, slot)], inbounds=True))
-            args.append(wb.bitcast(p, t))
+        for (key, slot, _dt), t in zip(buffers, arg_types[1:], strict=False):
+            args.append(self._pointer(wb, table, key, slot, t))
         wb.call(self.body_fn, args)
         wb.ret_void()
         if self.fresh:
@@ -96,10 +97,15 @@ class Kernel:
     def call_body(self, b: ir.IRBuilder, table: ir.Value) -> None:
         """Call the body straight from `b` (the entry), for a kernel run as one task."""
         args = [ir.Constant(I64, 0)]
-        for (_, slot, _dt), t in zip(self.buffers, self.arg_types[1:], strict=True):
-            p = b.load(b.gep(table, [ir.Constant(I64, slot)], inbounds=True))
-            args.append(b.bitcast(p, t))
+        for (key, slot, _dt), t in zip(self.buffers, self.arg_types[1:], strict=True):
+            args.append(self._pointer(b, table, key, slot, t))
         b.call(self.body_fn, args)
+
+    def _pointer(self, b: ir.IRBuilder, table: ir.Value, key: Hashable, slot: int,
+                 t: ir.Type) -> ir.Value:
+        p = b.bitcast(b.load(b.gep(table, [ir.Constant(I64, slot)], inbounds=True)), t)
+        off = self.offsets.get(key, 0)
+        return b.gep(p, [ir.Constant(I64, off)], inbounds=True) if off else p
 
 
 def if_then(b: ir.IRBuilder, cond: ir.Value, then: Callable[[], None]) -> None:

@@ -1,4 +1,5 @@
-"""Kernels that are not loop fusions: matmul (BLAS GEMM or a generated loop) and scatter_add.
+"""Kernels that are not loop fusions: matmul (BLAS GEMM or a generated loop), scatter_add and
+an update written in place.
 
 GEMM choice, measured on the dev machine (2-core AMD EPYC, AVX2; one call, inputs in cache):
   8x8x8      generated loop  6 us   scipy sgemm  9 us
@@ -37,7 +38,8 @@ from typing import Callable
 import numpy as np
 from llvmlite import ir
 
-from .dtypes import I8, I32, I64, VOID, const, i64, is_float
+from ..ir import Var
+from .dtypes import I8, I32, I64, VOID, const, i64, is_float, load_elem, store_elem
 from .kernel import Kernel, if_then
 from .plan import Group
 
@@ -421,5 +423,36 @@ def emit_scatter_add(k: Kernel, group: Group) -> None:
     k.for_range(i64(0), i64(pre), outer)
 
 
-__all__ = ["emit_matmul", "emit_scatter_add", "few_rows", "gemm_dims", "gemm_slot",
-           "gemm_tasks", "loop_tasks", "uses_blas"]
+def emit_copy(k: Kernel, src, dst, aval) -> None:
+    """dst = src, element for element (an update's operand, into the update's buffer)."""
+    b = k.b
+    ps, pd = k.ptrs[src], k.ptrs[dst]
+    k.for_range(i64(0), i64(aval.size), lambda j: store_elem(
+        b, load_elem(b, b.gep(ps, [j], inbounds=True), aval.dtype),
+        b.gep(pd, [j], inbounds=True), aval.dtype))
+
+
+def emit_update(k: Kernel, e, steps: tuple) -> None:
+    """out[slice] = v, `out`'s pointer at the slice's first element (see module.lower_update):
+    element i of v (row-major) goes `sum(i_d * steps[d])` elements past it. v may be a
+    literal."""
+    b = k.b
+    x, v = e.inputs
+    dt, sub = e.out.aval.dtype, v.aval.shape
+    po = k.ptrs[e.out.id]
+    pv = k.ptrs.get(v.id) if isinstance(v, Var) else None
+
+    def level(d: int, src: ir.Value, dst: ir.Value) -> None:
+        if d == len(sub):
+            val = load_elem(b, b.gep(pv, [src], inbounds=True), dt) if pv is not None \
+                else const(dt, v.value.item())
+            store_elem(b, val, b.gep(po, [dst], inbounds=True), dt)
+            return
+        k.for_range(i64(0), i64(sub[d]), lambda i: level(
+            d + 1, b.add(b.mul(src, i64(sub[d])), i),
+            b.add(dst, b.mul(i, i64(steps[d])))))
+    level(0, i64(0), i64(0))
+
+
+__all__ = ["emit_copy", "emit_matmul", "emit_scatter_add", "emit_update", "few_rows",
+           "gemm_dims", "gemm_slot", "gemm_tasks", "loop_tasks", "uses_blas"]

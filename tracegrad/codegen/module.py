@@ -19,8 +19,9 @@ from llvmlite import ir
 from ..ir import Graph, Lit, Var
 from .dtypes import I32, I64, PTR, VOID, i64
 from .kernel import KERNEL_TYPE, Kernel
-from .linalg import (SLOT_BLAS_THREADS, emit_matmul, emit_scatter_add, gemm_dims,
-                     gemm_slot, gemm_tasks, loop_tasks, uses_blas)
+from .elements import row_major_strides, slice_range
+from .linalg import (SLOT_BLAS_THREADS, emit_copy, emit_matmul, emit_scatter_add, emit_update,
+                     gemm_dims, gemm_slot, gemm_tasks, loop_tasks, uses_blas)
 from .loops import emit_argreduce, emit_combine, emit_loop_group, reductions, split
 from .plan import Group, epilogues, group_signature, plan_graph, stages
 from .scalar import OUTLINE_MATH, TRANSCENDENTAL
@@ -88,6 +89,14 @@ class _Lowering:
         self.stage_of: dict[int, int] = {}
         self.layout_blas = False
         self.group_index = {id(g): i for i, g in enumerate(self.plan.groups)}
+        # an operand an update writes into -> the last update of its chain, whose buffer the
+        # whole chain shares (plan.in_place: each link the only reader of the one before)
+        self.shares: dict[int, int] = {}
+        for x in self.plan.in_place:
+            root = x
+            while root in self.plan.in_place:
+                root = self.plan.in_place[root]
+            self.shares[x] = root
         g = self.plan.graph
         self.avals = {v.id: v.aval for v in g.invars + g.constvars}
         self.avals.update((v.id, v.aval) for e in g.eqns for v in e.outvars)
@@ -106,6 +115,7 @@ class _Lowering:
 
         def touch(key, si):
             # groups are visited in plan order, which stages may reorder: take the extremes
+            key = self.shares.get(key, key)     # (an updated operand: its update's buffer)
             first, last = span.get(key, (si, si))
             span[key] = (min(first, si), max(last, si))
 
@@ -164,10 +174,12 @@ class _Lowering:
             else:
                 seen[a.id] = k
                 outputs.append(("slot", self.new_slot(a.id, a.aval.dtype)))
-        for v_id in sorted(self.plan.materialised - set(self.slot)):
+        for v_id in sorted(self.plan.materialised - set(self.slot) - set(self.shares)):
             v = self._var(v_id)
             if v is not None:
                 self.new_slot(v_id, v.aval.dtype, v.aval.size * v.aval.dtype.itemsize)
+        for x, root in self.shares.items():     # an updated operand lives in its update's
+            self.slot[x], self.dtype[x] = self.slot[root], self.dtype[root]     # buffer
         return Layout(0, input_slots, const_slots, outputs)
 
     def _var(self, v_id: int) -> Var | None:
@@ -175,13 +187,16 @@ class _Lowering:
             self._vars = {v.id: v for e in self.plan.graph.eqns for v in e.outvars}
         return self._vars.get(v_id)
 
-    def kernel(self, name: str, keys: list, group: Group | None, extra: tuple = ()) -> Kernel:
+    def kernel(self, name: str, keys: list, group: Group | None, extra: tuple = (),
+               offsets: dict | None = None) -> Kernel:
         """A kernel for `group`; groups identical up to their buffers share one body (an RNN
-        unrolled 15 steps has 44 identical matmuls), which cuts compile time."""
+        unrolled 15 steps has 44 identical matmuls), which cuts compile time. `offsets`: see
+        Kernel (not part of the body: `extra` names what the body depends on)."""
         keys = list(dict.fromkeys(keys))
         sig = group_signature(group, keys, self.avals, extra)
         body = self.bodies.get(sig)
-        k = Kernel(self.module, name, [(k, self.slot[k], self.dtype[k]) for k in keys], body)
+        k = Kernel(self.module, name, [(k, self.slot[k], self.dtype[k]) for k in keys], body,
+                   offsets)
         if body is None:
             self.bodies[sig] = k.body_fn
         self.body_uses[k.body_fn.name] = self.body_uses.get(k.body_fn.name, 0) + 1
@@ -321,6 +336,33 @@ class _Lowering:
             base += tasks
         return fn
 
+    def lower_update(self, name: str, e: Any) -> list[tuple[Kernel, int]]:
+        """An update group: written into its operand's buffer (the update's own: see
+        `shares`), only the slice is written, the rest left as the operand's producer wrote
+        it; else the operand is copied first. The slice's body starts at its first element,
+        so the updates of a loop writing row after row share one body."""
+        x, v = e.inputs
+        calls = []
+        if x.id not in self.shares:
+            k = self.kernel(name + "_copy", [x.id, e.out.id], None, ("copy", x.aval))
+            if k.fresh:
+                emit_copy(k, x.id, e.out.id, x.aval)
+            calls.append(k.finish())
+        shape = x.aval.shape
+        ranges = [slice_range(d, s) for d, s in zip(shape, e.params["index"], strict=True)]
+        strides = row_major_strides(shape)
+        start = sum(r.start * st for r, st in zip(ranges, strides, strict=True)) \
+            if all(len(r) for r in ranges) else 0
+        steps = tuple(r.step * st for r, st in zip(ranges, strides, strict=True))
+        keys = [e.out.id] + ([v.id] if isinstance(v, Var) else [])
+        lit = None if isinstance(v, Var) else v.value.item()
+        k = self.kernel(name if not calls else name + "_set", keys, None,
+                        ("update", v.aval.shape, steps, lit), {e.out.id: start})
+        if k.fresh:
+            emit_update(k, e, steps)
+        calls.append(k.finish())
+        return [(calls[0] if len(calls) == 1 else self.sequence(name, calls), 1)]
+
     def lower_group(self, name: str, group: Group,
                     block: tuple[int, int, bool] | None = None) -> list[tuple[Kernel, int]]:
         """`block`: the (tasks, chunk, columns?) split of the matmul this loop is the epilogue
@@ -342,6 +384,8 @@ class _Lowering:
             return [(k.finish(), gsplit[0])]
         reads = [a.id for e in group.eqns for a in e.inputs
                  if isinstance(a, Var) and a.id not in produced]
+        if group.kind == "update":
+            return self.lower_update(name, group.eqns[0])
         if group.kind == "scatter_add":
             k = self.kernel(name, reads + [group.eqns[0].out.id], group)
             if k.fresh:

@@ -31,7 +31,7 @@ def fusible(e: Eqn) -> bool:
 
 @dataclass(eq=False)
 class Group:
-    kind: str                      # loop | argreduce | matmul | scatter_add
+    kind: str                      # loop | argreduce | matmul | scatter_add | update
     domain: tuple[int, ...]
     eqns: list[Eqn] = field(default_factory=list)
     roots: list[Var] = field(default_factory=list)        # elementwise values it stores
@@ -57,6 +57,8 @@ class Plan:
     groups: list[Group]            # in execution order
     materialised: set[int]         # ids of vars that live in buffers
     deps: list[set[int]] = field(default_factory=list)   # groups each one reads from
+    # an update written into its operand's buffer: operand id -> the update's result id
+    in_place: dict[int, int] = field(default_factory=dict)
 
 
 def alias_custom_vjp(graph: Graph) -> Graph:
@@ -105,6 +107,7 @@ class _Planner:
         self.producers = {v.id: e for e in graph.eqns for v in e.outvars}
         self.matmul_ops = {id(e): _matmul_operands(e, self.producers)
                            for e in graph.eqns if e.op == "matmul"}
+        self.in_place: dict[int, int] = {}
         self.uses: dict[int, list[Eqn]] = {}
         for e in graph.eqns:
             atoms = ([a for a, _ in self.matmul_ops[id(e)]] if e.op == "matmul"
@@ -187,6 +190,31 @@ class _Planner:
                 and any(n - 1 in r.params["axes"] and len(r.params["axes"]) < n
                         for r in cgs[0].reductions))
 
+    def may_update_in_place(self, e: Eqn) -> bool:
+        """Whether update `e` is made a group of its own, which may write its slice into its
+        operand's buffer (see `in_place_updates`): the operand is made by an equation (not an
+        input or a constant) and is not an output. (Its producer then stores it: an update
+        group is no fusion target.)"""
+        x = e.inputs[0]
+        return type(x) is Var and x.id in self.producers and x.id not in self.outputs
+
+    def in_place_updates(self, live: list[Group], deps: dict) -> None:
+        """The update groups that write into their operand's buffer, the rest copying it
+        first: those whose operand's other readers may all run before the update (none of
+        them downstream of it); each then waits for them (an edge in `deps`)."""
+        for u in live:
+            if u.kind != "update":
+                continue
+            e = u.eqns[0]
+            x = e.inputs[0]
+            made = self.group_of.get(id(self.producers[x.id]))
+            readers = {id(g): g for r in self.uses.get(x.id, ()) if r is not e
+                       for g in [self.group_of.get(id(r))] if g is not None and g is not made}
+            if any(g is u or g.members & u.desc for g in readers.values()):
+                continue
+            self.in_place[x.id] = e.out.id
+            deps[id(u)].update(readers)
+
     def run(self) -> Plan:
         eqns = self.graph.eqns
         for pos in range(len(eqns) - 1, -1, -1):
@@ -203,8 +231,14 @@ class _Planner:
             elif e.op in ("matmul", "scatter_add"):
                 g = self.new_group(e.op, e.out.aval.shape, cgs)
                 g.operands = self.matmul_ops.get(id(e), [])
+            elif e.op == "update_slice" and self.may_update_in_place(e):
+                g = self.new_group("update", e.inputs[1].aval.shape, cgs)
             elif fusible(e):
-                g = None if self.tiled_apart(e, cgs) else self.fuse_target(e.out, cgs)
+                # an update is stored, not computed where it is read: n updates fused in a
+                # chain make each element of the last a select over all n (and recursion
+                # n deep when lowering it)
+                g = None if self.tiled_apart(e, cgs) or e.op == "update_slice" else \
+                    self.fuse_target(e.out, cgs)
                 if g is None:
                     g = self.new_group("loop", e.out.aval.shape, cgs)
                     g.roots.append(e.out)
@@ -238,6 +272,7 @@ class _Planner:
                     w = writer.get(a.id) if isinstance(a, Var) else None
                     if w is not None and w is not g:
                         deps[id(g)].add(id(w))
+        self.in_place_updates(live, deps)
         by_id = {id(g): g for g in live}
         users: dict[int, list[int]] = {id(g): [] for g in live}
         for k, ds in deps.items():
@@ -258,7 +293,7 @@ class _Planner:
             raise AssertionError("fusion produced a cyclic schedule")
         index = {id(g): i for i, g in enumerate(order)}
         return Plan(self.graph, order, materialised,
-                    [{index[d] for d in deps[id(g)]} for g in order])
+                    [{index[d] for d in deps[id(g)]} for g in order], self.in_place)
 
 
 def _levels(deps: list[set[int]]) -> list[int]:

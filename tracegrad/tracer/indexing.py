@@ -1,4 +1,6 @@
-"""Basic and integer-array indexing (`x[1:, ::2, None]`, `x[idx]`) as slice, reshape, take."""
+"""Basic and integer-array indexing (`x[1:, ::2, None]`, `x[idx]`) as slice, reshape, take;
+updates of an indexed part (`x.at[1:, 0].set(v)`, a Tensor's `x[1:, 0] = v`) as update_slice
+and scatter_add."""
 from __future__ import annotations
 
 from typing import Any
@@ -125,3 +127,122 @@ def getitem(x: Any, index: Any) -> Any:
             idx = np.where(idx < 0, idx + n, idx)
         y = E.take(y, idx, axis)
     return y
+
+
+def _basic_slices(shape: tuple, index: Any, what: str) -> tuple[list, list, list]:
+    """For a basic index (ints, slices, None, '...') of an array of `shape`: the slice per
+    axis, the slice's shape, and x[index]'s shape (what a value written there broadcasts
+    to). Raises IndexError for an int out of range, NotImplementedError for array indices."""
+    slices, sub, target = [], [], []
+    dim = 0
+    for item in _expand(index, len(shape)):
+        if item is None:
+            target.append(1)
+            continue
+        n = shape[dim]
+        if isinstance(item, slice):
+            s = item.indices(n)
+            slices.append(s)
+            sub.append(len(range(*s)))
+            target.append(len(range(*s)))
+        elif isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)):
+            i = int(item)
+            if not -n <= i < n:
+                raise IndexError(f"{what}: index {i} is out of bounds for axis {dim} with "
+                                 f"size {n}")
+            slices.append((i % n, i % n + 1, 1))
+            sub.append(1)
+        else:
+            raise NotImplementedError(
+                f"{what}: only ints, slices, None and '...' index an update (got "
+                f"{type(item).__name__}); use tg.where for a mask")
+        dim += 1
+    return slices, sub, target
+
+
+def update(x: Any, index: Any, v: Any, combine: Any = None, what: str = "update") -> Any:
+    """`x` with `x[index]` (a basic index) replaced by `v`, or by `combine(x[index], v)`;
+    `v` broadcasts to x[index]'s shape as numpy's slice assignment does (leading 1s beyond
+    its rank dropped) and takes x's dtype."""
+    shape = tuple(E.shape_of(x))
+    slices, sub, target = _basic_slices(shape, index, what)
+    v = E.asdtype(v, E.dtype_of(x))
+    vshape = tuple(E.shape_of(v))
+    extra = len(vshape) - len(target)
+    if extra > 0 and all(d == 1 for d in vshape[:extra]):
+        v = E.reshape(v, vshape[extra:])
+    v = E.reshape(E.broadcast_to(v, target), sub)
+    if combine is not None:
+        v = combine(E.slice_(x, slices), v)
+    return E.update_slice(x, v, slices)
+
+
+class _At:
+    """`x.at[index]`: JAX's functional updates of an indexed part of a traced value, each a
+    new value (`set`, `add`, `subtract`, `multiply`, `divide`, `power`, `min`, `max`), and
+    `get()`. A basic index is one update_slice; `add`/`subtract` also take one integer
+    array along an axis (repeated indices accumulate, as a scatter-add)."""
+    __slots__ = ("x", "index")
+
+    def __init__(self, x: Any, index: Any = None):
+        self.x, self.index = x, index
+
+    def __getitem__(self, index: Any) -> _At:
+        return _At(self.x, index)
+
+    def get(self) -> Any:
+        return getitem(self.x, self.index)
+
+    def set(self, v: Any) -> Any:
+        return update(self.x, self.index, v, None, "at[].set")
+
+    def add(self, v: Any) -> Any:
+        if self._array_axis() is not None:
+            return self._scatter(v)
+        return update(self.x, self.index, v, E.add, "at[].add")
+
+    def subtract(self, v: Any) -> Any:
+        if self._array_axis() is not None:
+            return self._scatter(-E.asdtype(v, E.dtype_of(self.x)))
+        return update(self.x, self.index, v, E.sub, "at[].subtract")
+
+    def multiply(self, v: Any) -> Any:
+        return update(self.x, self.index, v, E.mul, "at[].multiply")
+
+    def divide(self, v: Any) -> Any:
+        return update(self.x, self.index, v, E.div, "at[].divide")
+
+    def power(self, v: Any) -> Any:
+        return update(self.x, self.index, v, E.pow, "at[].power")
+
+    def min(self, v: Any) -> Any:
+        return update(self.x, self.index, v, E.minimum, "at[].min")
+
+    def max(self, v: Any) -> Any:
+        return update(self.x, self.index, v, E.maximum, "at[].max")
+
+    def _array_axis(self) -> int | None:
+        """The axis of an index that is one integer array and full slices, else None."""
+        items = _expand(self.index, len(E.shape_of(self.x)))
+        arrays = [k for k, i in enumerate(items) if _is_array_index(i)]
+        if len(arrays) != 1 or any(i != slice(None) for k, i in enumerate(items)
+                                   if k != arrays[0]):
+            return None
+        return arrays[0]
+
+    def _scatter(self, v: Any) -> Any:
+        x = self.x
+        axis = self._array_axis()
+        idx = _expand(self.index, len(E.shape_of(x)))[axis]
+        idx = idx if isinstance(idx, Traced) else np.asarray(idx)
+        shape = tuple(E.shape_of(x))
+        n = shape[axis]
+        if isinstance(idx, np.ndarray):
+            if idx.dtype == np.bool_ or not np.issubdtype(idx.dtype, np.integer):
+                raise IndexError(f"at[].add: index arrays must be integers, got {idx.dtype}")
+            if idx.size and (idx.min() < -n or idx.max() >= n):
+                raise IndexError(f"at[].add: index {int(idx.max())} is out of bounds for "
+                                 f"axis {axis} with size {n}")
+        target = shape[:axis] + tuple(E.shape_of(idx)) + shape[axis + 1:]
+        v = E.broadcast_to(E.asdtype(v, E.dtype_of(x)), target)
+        return x + E.scatter_add(v, idx, axis, n)

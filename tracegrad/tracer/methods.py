@@ -1,5 +1,5 @@
 """Array methods on traced values (`x.sum()`, `x.T`, `x.reshape(...)`, `x[1:]`), the same
-spelling numpy arrays and Tensors offer."""
+spelling numpy arrays and Tensors offer, and jax's `x.at[index].set(v)`."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,7 +7,7 @@ from typing import Any
 from ..ir import emit as E
 from ..ir.builder import Traced
 from . import numpy_api as tnp
-from .indexing import getitem, int_index
+from .indexing import _At, getitem, int_index
 
 METHODS = {
     "sum": tnp.sum, "mean": tnp.mean, "max": tnp.max, "min": tnp.min, "prod": tnp.prod,
@@ -44,6 +44,7 @@ def install() -> None:
     Traced.T = property(lambda self: tnp.transpose(self))
     Traced.mT = property(lambda self: tnp.swapaxes(self, -1, -2))
     Traced.t = lambda self: tnp.transpose(self)
+    Traced.at = property(_At)   # x.at[index].set(v): JAX's functional index updates
     Traced.__array_ufunc__ = None   # numpy defers `ndarray op traced` to our reflected ops
 
 

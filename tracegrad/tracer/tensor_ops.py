@@ -13,7 +13,7 @@ from .autograd_exec import realize
 from .autograd_graph import MAX_LEAF_CHAIN, Inplace, Node
 from .grad_mode import mode
 from .indexing import _expand as expand_index
-from .indexing import getitem
+from .indexing import getitem, update
 from .tensor import Tensor, record, refresh_views, register_view, write_aliases
 from .tensor_record import binary_methods, record_binary, record_unary
 
@@ -685,32 +685,5 @@ Tensor.__setitem__ = _setitem
 
 
 def _scatter(x: Any, v: Any, index: Any) -> Any:
-    """`x` with `x[index]` replaced by `v` (basic indexing: ints, slices, `...`, None), `v`
-    broadcast to x[index]'s shape as numpy does (leading 1s of `v` beyond its rank dropped)."""
-    shape = tuple(x.shape)
-    items = expand_index(index, len(shape))
-    if any(i is not None and not isinstance(i, (int, np.integer, slice)) for i in items):
-        raise NotImplementedError("slice assignment supports ints, slices, None and '...'; "
-                                  "use tg.where for masks")
-    slices, sub, target = [], [], []
-    axes = iter(shape)
-    for item in items:
-        if item is None:
-            target.append(1)
-            continue
-        n = next(axes)
-        if isinstance(item, slice):
-            s = item.indices(n)
-            slices.append(s)
-            sub.append(len(range(*s)))
-            target.append(len(range(*s)))
-        else:
-            i = int(item) % n
-            slices.append((i, i + 1, 1))
-            sub.append(1)
-    v = E.asdtype(v, x.dtype)
-    extra = len(v.shape) - len(target)
-    if extra > 0 and all(d == 1 for d in v.shape[:extra]):
-        v = E.reshape(v, tuple(v.shape[extra:]))
-    v = E.broadcast_to(v, target)
-    return E.update_slice(x, E.reshape(v, sub), slices)
+    """`x` with `x[index]` replaced by `v` (basic indexing: ints, slices, `...`, None)."""
+    return update(x, index, v, None, "slice assignment")

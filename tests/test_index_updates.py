@@ -1,0 +1,122 @@
+"""Functional updates of an indexed part, JAX's `x.at[index].set(v)` (and add, multiply, ...)
+on traced values, and the Tensor API's `x[index] = v`: values against numpy, derivatives
+against central differences in float64 and against jax where installed, and the errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import anchors, check_grads, rand
+
+import tracegrad as tg
+
+_, jax = anchors()
+
+X = rand(4, 5, seed=1, low=-2, high=2)
+V = rand(1, 5, seed=2, low=0.5, high=2)
+
+# name -> (update of traced x by v, the same on a numpy copy y)
+UPDATES = {
+    "set_row": (lambda x, v: x.at[1].set(v[0]), lambda y, v: y.__setitem__(1, v[0])),
+    "set_strided": (lambda x, v: x.at[::-2, 1:4].set(v[:, :3]),
+                    lambda y, v: y.__setitem__((slice(None, None, -2), slice(1, 4)), v[:, :3])),
+    "set_broadcast": (lambda x, v: x.at[:, None, 2].set(v[0, :4, None]),
+                      lambda y, v: y.__setitem__((slice(None), None, 2), v[0, :4, None])),
+    "add_column": (lambda x, v: x.at[..., -1].add(v[0, :4]),
+                   lambda y, v: y.__setitem__((Ellipsis, -1), y[..., -1] + v[0, :4])),
+    "subtract": (lambda x, v: x.at[2:].subtract(v), lambda y, v: y.__setitem__(
+        slice(2, None), y[2:] - v)),
+    "multiply": (lambda x, v: x.at[1:3, ::2].multiply(v[:, :3]),
+                 lambda y, v: y.__setitem__((slice(1, 3), slice(None, None, 2)),
+                                            y[1:3, ::2] * v[:, :3])),
+    "divide": (lambda x, v: x.at[0].divide(v[0]), lambda y, v: y.__setitem__(0, y[0] / v[0])),
+    "power": (lambda x, v: x.at[3].power(v[0]),     # (of |x|: see _ours)
+              lambda y, v: (np.abs(y, out=y), y.__setitem__(3, y[3] ** v[0]))),
+    "add_indices": (lambda x, v: x.at[np.array([0, 3, 0])].add(v),
+                    lambda y, v: np.add.at(y, [0, 3, 0], v)),
+    "add_indices_axis1": (lambda x, v: x.at[:, [4, 4, 1]].add(v[0, :3]),
+                          lambda y, v: np.add.at(y, (slice(None), [4, 4, 1]), v[0, :3])),
+}
+
+
+def _ours(name):
+    fn = UPDATES[name][0]
+    if name == "power":     # (a positive base)
+        return lambda x, v: fn(tg.abs(x), v) * 1.0
+    return fn
+
+
+def _numpy(name, x, v):
+    y = np.array(x)
+    UPDATES[name][1](y, v)
+    return y
+
+
+@pytest.mark.parametrize("name", sorted(UPDATES))
+def test_updates_match_numpy_eagerly_traced_and_jitted(name):
+    want = _numpy(name, X, V)
+    f = lambda x, v: _ours(name)(x, v) * 1.0    # noqa: E731
+    np.testing.assert_allclose(tg.jit(f)(X, V), want, rtol=1e-14)
+    np.testing.assert_allclose(tg.jit(f)(X, V), want, rtol=1e-14)     # (the cached call)
+    g = tg.make_ir(f)(X, V)
+    np.testing.assert_allclose(tg.ir.interpret(g, [X, V])[0], want, rtol=1e-14)
+    np.testing.assert_allclose(X, rand(4, 5, seed=1, low=-2, high=2))   # x itself unchanged
+
+
+@pytest.mark.parametrize("name", sorted(UPDATES))
+def test_update_derivatives_against_finite_differences(name):
+    # (jitted: check_grads also calls it on numpy arrays, which have no .at, as in jax)
+    check_grads(tg.jit(lambda x, v: tg.sin(_ours(name)(x, v))), [X, V])
+
+
+def test_get_is_indexing():
+    f = lambda x: x.at[1:, ::2].get() * 2.0    # noqa: E731
+    np.testing.assert_array_equal(tg.jit(f)(X), X[1:, ::2] * 2.0)
+
+
+@pytest.mark.skipif(jax is None, reason="jax is not installed")
+@pytest.mark.parametrize("name", ["set_row", "set_strided", "add_column", "multiply",
+                                  "add_indices", "add_indices_axis1"])
+def test_updates_and_gradients_match_jax(name):
+    jnp = jax.numpy     # (in float64: conftest.anchors turns x64 on)
+    ours = lambda x, v: tg.sum(tg.sin(_ours(name)(x, v)))   # noqa: E731
+    theirs = lambda x, v: jnp.sum(jnp.sin(_ours(name)(x, v)))   # noqa: E731
+    v, g = tg.value_and_grad(ours, argnums=(0, 1))(X, V)
+    jv, jg = jax.value_and_grad(theirs, argnums=(0, 1))(jnp.asarray(X), jnp.asarray(V))
+    np.testing.assert_allclose(v, float(jv), rtol=1e-12)
+    for a, b in zip(g, jg, strict=True):
+        np.testing.assert_allclose(a, np.asarray(b), rtol=1e-10, atol=1e-12)
+
+
+def test_a_jitted_loop_filling_a_buffer():
+    """`buf = buf.at[t].set(h)` in a loop: one update_slice per step, differentiated through
+    every write (the later steps read what the earlier wrote)."""
+    def loss(w, h):
+        buf = tg.zeros((6, 3), dtype=np.float64)
+        for t in range(6):
+            h = tg.tanh(h @ w + buf[max(t - 2, 0)])
+            buf = buf.at[t].set(h)
+        return tg.sum(buf * buf)
+    w, h = rand(3, 3, seed=5), rand(3, seed=6)
+    check_grads(tg.jit(loss), [w, h])
+    g = tg.jit(tg.grad(loss))
+    for _ in range(2):
+        np.testing.assert_allclose(g(w, h), tg.grad(loss)(w, h), rtol=1e-12)
+
+
+def test_update_errors_name_the_update_and_the_axis():
+    with pytest.raises(IndexError, match=r"at\[\]\.set: index 4 is out of bounds for axis 0 "
+                                         r"with size 4"):
+        tg.jit(lambda x: x.at[4].set(0.0))(X)
+    with pytest.raises(IndexError, match=r"at\[\]\.add: index 7 is out of bounds for axis 0"):
+        tg.jit(lambda x: x.at[np.array([1, 7])].add(1.0))(X)
+    with pytest.raises(NotImplementedError, match=r"at\[\]\.set: only ints, slices"):
+        tg.jit(lambda x: x.at[np.array([1, 2])].set(0.0))(X)
+
+
+def test_tensor_slice_assignment_out_of_bounds_raises_as_torch():
+    """It wrapped around before (t[5] = 1 on 3 elements wrote t[2])."""
+    t = tg.zeros(3)
+    with pytest.raises(IndexError, match="index 5 is out of bounds for axis 0 with size 3"):
+        t[5] = 1.0
+    t[-3] = 2.0
+    assert t.tolist() == [2.0, 0.0, 0.0]
