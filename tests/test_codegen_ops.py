@@ -426,3 +426,19 @@ def test_a_long_chain_of_updates_compiles():
         return [buf]
     g = build(f, ((1, 3), F64))
     check(g, [rand((1, 3), F64)])
+
+
+def test_two_updates_of_one_operand_and_an_update_by_itself():
+    """Two updates of one value: one may write into it (after the other has copied it), not
+    both; an update of a whole value by itself reads what it writes: copied."""
+    def f(x, v):
+        y = x * 1.0
+        a = E.update_slice(y, v, ((0, 1, 1), (0, 5, 1)))
+        b = E.update_slice(y, v * 2.0, ((5, 6, 1), (0, 5, 1)))
+        z = E.exp(x)
+        c = E.update_slice(z, z, ((0, 6, 1), (0, 5, 1)))
+        return [a * 1.0, b * 1.0, c]
+    g = build(f, ((6, 5), F64), ((1, 5), F64))
+    from tracegrad.codegen.plan import plan_graph
+    assert len(plan_graph(g).in_place) == 1
+    check(g, [rand((6, 5), F64), rand((1, 5), F64)])

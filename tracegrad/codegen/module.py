@@ -343,7 +343,7 @@ class _Lowering:
         so the updates of a loop writing row after row share one body."""
         x, v = e.inputs
         calls = []
-        if x.id not in self.shares:
+        if self.plan.in_place.get(x.id) != e.out.id:
             k = self.kernel(name + "_copy", [x.id, e.out.id], None, ("copy", x.aval))
             if k.fresh:
                 emit_copy(k, x.id, e.out.id, x.aval)

@@ -207,6 +207,8 @@ class _Planner:
                 continue
             e = u.eqns[0]
             x = e.inputs[0]
+            if x.id in self.in_place or e.inputs[1] is x:   # (one update per buffer)
+                continue
             made = self.group_of.get(id(self.producers[x.id]))
             readers = {id(g): g for r in self.uses.get(x.id, ()) if r is not e
                        for g in [self.group_of.get(id(r))] if g is not None and g is not made}
