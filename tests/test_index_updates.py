@@ -109,6 +109,9 @@ def test_update_errors_name_the_update_and_the_axis():
         tg.jit(lambda x: x.at[4].set(0.0))(X)
     with pytest.raises(IndexError, match=r"at\[\]\.add: index 7 is out of bounds for axis 0"):
         tg.jit(lambda x: x.at[np.array([1, 7])].add(1.0))(X)
+    with pytest.raises(IndexError, match=r"at\[\]\.add: index -9 is out of bounds for axis 1 "
+                                         r"with size 5"):
+        tg.jit(lambda x: x.at[:, [2, -9]].add(1.0))(X)
     with pytest.raises(NotImplementedError, match=r"at\[\]\.set: only ints, slices"):
         tg.jit(lambda x: x.at[np.array([1, 2])].set(0.0))(X)
 

@@ -197,13 +197,15 @@ class _At:
         return update(self.x, self.index, v, None, "at[].set")
 
     def add(self, v: Any) -> Any:
-        if self._array_axis() is not None:
-            return self._scatter(v)
+        axis = self._array_axis()
+        if axis is not None:
+            return self._scatter(v, axis)
         return update(self.x, self.index, v, E.add, "at[].add")
 
     def subtract(self, v: Any) -> Any:
-        if self._array_axis() is not None:
-            return self._scatter(-E.asdtype(v, E.dtype_of(self.x)))
+        axis = self._array_axis()
+        if axis is not None:
+            return self._scatter(-E.asdtype(v, E.dtype_of(self.x)), axis)
         return update(self.x, self.index, v, E.sub, "at[].subtract")
 
     def multiply(self, v: Any) -> Any:
@@ -230,18 +232,18 @@ class _At:
             return None
         return arrays[0]
 
-    def _scatter(self, v: Any) -> Any:
+    def _scatter(self, v: Any, axis: int) -> Any:
         x = self.x
-        axis = self._array_axis()
-        idx = _expand(self.index, len(E.shape_of(x)))[axis]
-        idx = idx if isinstance(idx, Traced) else np.asarray(idx)
         shape = tuple(E.shape_of(x))
+        idx = _expand(self.index, len(shape))[axis]
+        idx = idx if isinstance(idx, Traced) else np.asarray(idx)
         n = shape[axis]
         if isinstance(idx, np.ndarray):
             if idx.dtype == np.bool_ or not np.issubdtype(idx.dtype, np.integer):
                 raise IndexError(f"at[].add: index arrays must be integers, got {idx.dtype}")
-            if idx.size and (idx.min() < -n or idx.max() >= n):
-                raise IndexError(f"at[].add: index {int(idx.max())} is out of bounds for "
+            bad = idx[(idx < -n) | (idx >= n)]
+            if bad.size:
+                raise IndexError(f"at[].add: index {int(bad[0])} is out of bounds for "
                                  f"axis {axis} with size {n}")
         target = shape[:axis] + tuple(E.shape_of(idx)) + shape[axis + 1:]
         v = E.broadcast_to(E.asdtype(v, E.dtype_of(x)), target)
