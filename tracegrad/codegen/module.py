@@ -17,13 +17,14 @@ import numpy as np
 from llvmlite import ir
 
 from ..ir import Graph, Lit, Var
+from ..ir.unroll import split_inputs
 from .dtypes import I32, I64, PTR, VOID, i64
 from .kernel import KERNEL_TYPE, Kernel
 from .elements import row_major_strides, slice_range
 from .linalg import (SLOT_BLAS_THREADS, emit_copy, emit_matmul, emit_scatter_add, emit_update,
                      gemm_dims, gemm_slot, gemm_tasks, loop_tasks, uses_blas)
 from .loops import emit_argreduce, emit_combine, emit_loop_group, reductions, split
-from .plan import Group, epilogues, group_signature, plan_graph, stages
+from .plan import Group, epilogues, group_signature, loop_body, plan_graph, stages
 from .scalar import OUTLINE_MATH, TRANSCENDENTAL
 from .unbox import SLOT_NDARRAY, emit_unbox
 
@@ -72,21 +73,34 @@ class Lowered:
 
 
 class _Lowering:
-    def __init__(self, graph: Graph, use_blas: bool, threads: int, blas_int_bits: int = 32):
+    def __init__(self, graph: Graph, use_blas: bool, threads: int, blas_int_bits: int = 32,
+                 parent: _Lowering | None = None, prefix: str = ""):
+        """`parent`: the lowering of the graph whose scan has `graph` as its body (see
+        `lower_scan`); the two share the module, the slot table and kernel bodies."""
         self.graph = graph
         self.use_blas = use_blas
         self.threads = threads
         self.blas_int_bits = blas_int_bits
+        self.prefix = prefix
         self.plan = plan_graph(graph)
         self.math_sites = sum(e.op in TRANSCENDENTAL for e in self.plan.graph.eqns)
-        self.module = ir.Module(name="tracegrad")
+        self.root: _Lowering = self if parent is None else parent.root
+        if parent is None:
+            self.module = ir.Module(name="tracegrad")
+            self.next_slot = FIRST_SLOT
+            self.bodies: dict[str, ir.Function] = {}
+            self.body_uses: dict[str, int] = {}
+            self.direct: set[str] = set()       # bodies some code calls without a wrapper
+        else:
+            self.module, self.bodies = parent.module, parent.bodies
+            self.body_uses, self.direct = parent.body_uses, parent.direct
         self.slot: dict[Any, int] = {}
         self.dtype: dict[Any, np.dtype] = {}
-        self.next_slot = FIRST_SLOT
         self.ws_req: list[tuple[int, int, Any]] = []   # (slot, bytes, key)
-        self.bodies: dict[str, ir.Function] = {}
-        self.body_uses: dict[str, int] = {}
         self.stage_of: dict[int, int] = {}
+        self.regions: dict[int, list[tuple[int, int]]] = {}  # a loop body's workspace, by slot
+        self.loop_keys: dict[int, list] = {}    # scan group -> the workspace its loop uses
+        self.n_parallel = 0
         self.layout_blas = False
         self.group_index = {id(g): i for i, g in enumerate(self.plan.groups)}
         # an operand an update writes into -> the last update of its chain, whose buffer the
@@ -102,9 +116,10 @@ class _Lowering:
         self.avals.update((v.id, v.aval) for e in g.eqns for v in e.outvars)
 
     def new_slot(self, key, dtype: np.dtype, nbytes: int | None = None) -> int:
-        s = self.slot[key] = self.next_slot
+        root = self.root
+        s = self.slot[key] = root.next_slot
         self.dtype[key] = np.dtype(dtype)
-        self.next_slot += 1
+        root.next_slot += 1
         if nbytes is not None:
             self.ws_req.append((s, -(-max(nbytes, 1) // ALIGN) * ALIGN, key))
         return s
@@ -130,6 +145,8 @@ class _Lowering:
                     touch(v.id, si)
             for e in group.reductions:
                 touch(("partial", e.out.id), si)
+            for key in self.loop_keys.get(gi, ()):
+                touch(key, si)
         return span
 
     def pack_workspace(self) -> tuple[list[tuple[int, int]], int]:
@@ -148,6 +165,7 @@ class _Lowering:
                 off = max(off, hi)
             placed.append((off, size, first, last))
             out.append((slot, off))
+            out += [(s, off + o) for s, o in self.regions.get(slot, ())]
             top = max(top, off + size)
         return sorted(out), top
 
@@ -212,30 +230,35 @@ class _Lowering:
         inputs = [(s, v.aval.shape, v.aval.dtype)
                   for s, v in zip(layout.input_slots, self.graph.invars, strict=True)]
         emit_unbox(b, table, args, outs, inputs, [o[1] for o in layout.outputs if o[0] == "slot"])
+        self.emit_steps(b, table, steps)
+        b.ret(ir.Constant(I32, 0))
+        for fn in self.bodies.values():   # a body used once by a wrapper melts into it
+            once = self.body_uses[fn.name] == 1 and fn.name not in self.direct
+            fn.attributes.add("alwaysinline" if once else "noinline")
+        layout.n_slots = self.next_slot
+        layout.workspace, layout.workspace_size = self.pack_workspace()
+        layout.n_kernels = self.n_kernels
+        layout.n_parallel = self.n_parallel
+        layout.blas = self.layout_blas
+        return Lowered(self.module, layout, self.graph)
+
+    def emit_steps(self, b: ir.IRBuilder, table: ir.Value,
+                   steps: list[tuple[Kernel | ir.Function, int]]) -> None:
+        """Call `steps` (see `lower_stages`) in order from `b`."""
         par = None
-        direct = set()
         for k, tasks in steps:
             if tasks == 1 and isinstance(k, ir.Function):
                 b.call(k, [table, i64(0)])
                 continue
             if tasks == 1:   # no wrapper: fewer functions to compile
                 k.call_body(b, table)
-                direct.add(k.body_fn.name)
+                self.root.direct.add(k.body_fn.name)
                 continue
             if par is None:
                 par = b.bitcast(b.load(b.gep(table, [i64(0)], inbounds=True)),
                                 PAR_TYPE.as_pointer())
             b.call(par, [k if isinstance(k, ir.Function) else k.fn, table, i64(tasks)])
-        b.ret(ir.Constant(I32, 0))
-        for fn in self.bodies.values():   # a body used once by a wrapper melts into it
-            once = self.body_uses[fn.name] == 1 and fn.name not in direct
-            fn.attributes.add("alwaysinline" if once else "noinline")
-        layout.n_slots = self.next_slot
-        layout.workspace, layout.workspace_size = self.pack_workspace()
-        layout.n_kernels = self.n_kernels
-        layout.n_parallel = sum(t > 1 for _, t in steps)
-        layout.blas = self.layout_blas
-        return Lowered(self.module, layout, self.graph)
+        self.n_parallel += sum(t > 1 for _, t in steps)
 
     def lower_stages(self) -> list[tuple[Kernel | ir.Function, int]]:
         """What the entry calls, in order: a kernel (run by the pool when it has several
@@ -259,18 +282,20 @@ class _Lowering:
             members = self.concurrent(stage)
             for gi in stage:
                 self.stage_of[gi] = si
-                calls = self.lower_group(f"k{gi}", groups[gi])
+                calls = self.lower_group(f"{self.prefix}k{gi}", groups[gi])
                 if gi in epi:
                     li, gsplit = epi[gi], self.gemm_plan[gi]
                     self.stage_of[li] = si
-                    (k, _), = self.lower_group(f"k{li}", groups[li], gsplit)
-                    calls = [(self.sequence(f"k{gi}_{li}", [calls[0][0], k]), gsplit[0])]
+                    (k, _), = self.lower_group(f"{self.prefix}k{li}", groups[li], gsplit)
+                    calls = [(self.sequence(f"{self.prefix}k{gi}_{li}", [calls[0][0], k]),
+                              gsplit[0])]
                     self.n_kernels += 1
                 self.n_kernels += len(calls)
                 (region if gi in members else steps).append(calls[0])
                 after += calls[1:]   # combines of partial reductions
             if len(region) > 1:
-                steps.append((self.region(f"r{si}", region), sum(t for _, t in region)))
+                steps.append((self.region(f"{self.prefix}r{si}", region),
+                              sum(t for _, t in region)))
             else:
                 steps += region
             steps += after
@@ -363,6 +388,86 @@ class _Lowering:
         calls.append(k.finish())
         return [(calls[0] if len(calls) == 1 else self.sequence(name, calls), 1)]
 
+    def lower_scan(self, name: str, group: Group) -> list[tuple[ir.Function, int]]:
+        """A scan as a loop: `void name(i8** table, i64)` runs its body's kernels (lowered
+        once, by a child lowering with slots of its own) `length` times, pointing the body's
+        input and output slots at step t's rows of the stacked xs and ys before each step.
+        A carry's steps alternate between the scan's final-carry buffer and a spare, chosen so
+        the last step writes the final one; step 0 reads the initial carry in place. The
+        body's intermediates take one region of this graph's workspace."""
+        e = group.eqns[0]
+        p = e.params
+        length, nc, nk = p["length"], p["n_consts"], p["n_carry"]
+        child = _Lowering(loop_body(p["body"]), self.use_blas, self.threads,
+                          self.blas_int_bits, parent=self, prefix=name + "_")
+        lay = child.layout_buffers()
+        body_outs = [o[1] for o in lay.outputs]
+        assert all(o[0] == "slot" for o in lay.outputs), lay.outputs   # (loop_body)
+        steps = child.lower_stages()
+        work, size = child.pack_workspace()
+        self.n_kernels += child.n_kernels
+        self.layout_blas = self.layout_blas or child.layout_blas
+        keys = self.loop_keys[self.group_index[id(group)]] = []
+        if size:
+            keys.append(("body", e.outvars[0].id))
+            self.regions[self.new_slot(keys[-1], np.uint8, size)] = work
+        spare = []
+        for v in e.outvars[:nk]:
+            keys.append(("carry", v.id))
+            spare.append(self.new_slot(keys[-1], v.aval.dtype,
+                                       v.aval.size * v.aval.dtype.itemsize))
+        fn = ir.Function(self.module, KERNEL_TYPE, name)
+        fn.linkage = "internal"
+        fn.attributes.add("noinline")
+        table = fn.args[0]
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+
+        def at(slot: int) -> ir.Value:
+            return b.gep(table, [i64(slot)], inbounds=True)
+
+        def read(a) -> ir.Value:
+            return b.load(at(self.slot[a.id]))
+
+        consts, carry, xs = split_inputs(e)
+        for s, a in zip(lay.input_slots[:nc], consts, strict=True):
+            b.store(read(a), at(s))
+        init = [read(a) for a in carry]
+        final = [read(v) for v in e.outvars[:nk]]
+        spares = [b.load(at(s)) for s in spare]
+        rows = [(s, read(a), a.aval.size // length * a.aval.dtype.itemsize)
+                for s, a in zip(lay.input_slots[nc + nk:], xs, strict=True)]
+        rows += [(s, read(v), v.aval.size // length * v.aval.dtype.itemsize)
+                 for s, v in zip(body_outs[nk:], e.outvars[nk:], strict=True)]
+        pre = b.block
+        step, done = fn.append_basic_block("step"), fn.append_basic_block("done")
+        b.branch(step)
+        b.position_at_end(step)
+        t = b.phi(I64)
+        t.add_incoming(i64(0), pre)
+        ins = []
+        for p0 in init:
+            ins.append(b.phi(PTR))
+            ins[-1].add_incoming(p0, pre)
+        # the step writing the final buffer: the last one and every second one before it
+        last = b.icmp_unsigned("==", b.and_(t, i64(1)), i64((length - 1) & 1))
+        outs = [b.select(last, f, o) for f, o in zip(final, spares, strict=True)]
+        for s, ptr in zip(lay.input_slots[nc:nc + nk] + body_outs[:nk], ins + outs,
+                          strict=True):
+            b.store(ptr, at(s))
+        row = b.sub(i64(length - 1), t) if p.get("reverse") else t
+        for s, base, nbytes in rows:
+            b.store(b.gep(base, [b.mul(row, i64(nbytes))], inbounds=True), at(s))
+        child.emit_steps(b, table, steps)
+        self.n_parallel += child.n_parallel
+        nxt = b.add(t, i64(1))
+        t.add_incoming(nxt, b.block)
+        for phi, o in zip(ins, outs, strict=True):
+            phi.add_incoming(o, b.block)
+        b.cbranch(b.icmp_signed("<", nxt, i64(length)), step, done)
+        b.position_at_end(done)
+        b.ret_void()
+        return [(fn, 1)]
+
     def lower_group(self, name: str, group: Group,
                     block: tuple[int, int, bool] | None = None) -> list[tuple[Kernel, int]]:
         """`block`: the (tasks, chunk, columns?) split of the matmul this loop is the epilogue
@@ -386,6 +491,8 @@ class _Lowering:
                  if isinstance(a, Var) and a.id not in produced]
         if group.kind == "update":
             return self.lower_update(name, group.eqns[0])
+        if group.kind == "scan":
+            return self.lower_scan(name, group)
         if group.kind == "scatter_add":
             k = self.kernel(name, reads + [group.eqns[0].out.id], group)
             if k.fresh:
@@ -430,6 +537,8 @@ class _Lowering:
 
 
 def group_work(group: Group) -> int:
+    if group.kind == "scan":
+        return 0            # run from the entry (or its loop), never a region's member
     if group.kind == "matmul":
         return math.prod(gemm_dims(group))
     return group.size

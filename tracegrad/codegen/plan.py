@@ -17,6 +17,12 @@ from dataclasses import dataclass, field
 from ..ir import OPS, Eqn, Graph, Lit, Var, dce
 from ..ir.scan import unroll_scans
 
+# A scan whose body has no matmul is written out step by step when that makes at most this many
+# equations: its steps fuse into the kernels around them (an elementwise loop's forward and
+# reverse passes become one kernel reading each element once); a longer one, or one with a
+# matmul (whose steps cannot fuse), runs as a native loop over its body's kernels, so its
+# code and compile time do not grow with its length.
+UNROLL_MAX_EQNS = 4096
 FUSIBLE = {"unary", "binary", "compare", "select", "shape", "create"} | {"take"}
 ELEMENTWISE = {"unary", "binary", "compare", "select"}
 REDUCE = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"}
@@ -31,7 +37,7 @@ def fusible(e: Eqn) -> bool:
 
 @dataclass(eq=False)
 class Group:
-    kind: str                      # loop | argreduce | matmul | scatter_add | update
+    kind: str                      # loop | argreduce | matmul | scatter_add | update | scan
     domain: tuple[int, ...]
     eqns: list[Eqn] = field(default_factory=list)
     roots: list[Var] = field(default_factory=list)        # elementwise values it stores
@@ -233,6 +239,8 @@ class _Planner:
             elif e.op in ("matmul", "scatter_add"):
                 g = self.new_group(e.op, e.out.aval.shape, cgs)
                 g.operands = self.matmul_ops.get(id(e), [])
+            elif e.op == "scan":
+                g = self.new_group("scan", (), cgs)
             elif e.op == "update_slice" and self.may_update_in_place(e):
                 g = self.new_group("update", e.inputs[1].aval.shape, cgs)
             elif fusible(e):
@@ -405,14 +413,79 @@ def group_signature(group: Group | None, keys: list, avals: dict, extra: tuple) 
 
 
 def plan_graph(graph: Graph) -> Plan:
-    """Unroll scans, alias custom_vjp outputs, drop dead code, and partition into ordered
-    groups."""
-    flat = unroll_scans(graph)
+    """Unroll the scans not kept as loops, alias custom_vjp outputs, drop dead code, and
+    partition into ordered groups."""
+    flat = unroll_scans(graph, keep=native_loop)
     if len(flat.constvars) != len(graph.constvars):
         # the buffer layout finds constants among the compiled graph's own
         raise NotImplementedError("native backend cannot lower a scan whose body holds "
                                   "constants; ir.optimize moves them out to the graph's")
-    return _Planner(_literal_outputs(alias_custom_vjp(flat), graph)).run()
+    return _Planner(_scan_inputs_in_buffers(
+        _literal_outputs(alias_custom_vjp(flat), graph))).run()
+
+
+def native_loop(e: Eqn) -> bool:
+    """Whether scan `e` runs as a loop in native code rather than unrolled (see
+    UNROLL_MAX_EQNS). A body holding constants is unrolled (they join the graph's)."""
+    body = e.params["body"]
+    if body.constvars:
+        return False
+    return has_matmul(body) or e.params["length"] * _size(body) > UNROLL_MAX_EQNS
+
+
+def has_matmul(graph: Graph) -> bool:
+    return any(e.op == "matmul" or (e.op == "scan" and has_matmul(e.params["body"]))
+               for e in graph.eqns)
+
+
+def _size(graph: Graph) -> int:
+    """Equations, a nested scan's unrolled."""
+    return sum(e.params["length"] * _size(e.params["body"]) if e.op == "scan" else 1
+               for e in graph.eqns)
+
+
+def _scan_inputs_in_buffers(graph: Graph) -> Graph:
+    """A scan's literal inputs made by `full` equations: a loop reads each input from a
+    buffer."""
+    if not any(e.op == "scan" and any(type(a) is Lit for a in e.inputs) for e in graph.eqns):
+        return graph
+    eqns = []
+    for e in graph.eqns:
+        if e.op == "scan" and any(type(a) is Lit for a in e.inputs):
+            ins = []
+            for a in e.inputs:
+                if type(a) is Lit:
+                    v = Var(a.aval)
+                    eqns.append(Eqn("full", [], [v], {"shape": a.aval.shape,
+                                                      "value": a.value.item(),
+                                                      "dtype": a.aval.dtype}))
+                    a = v
+                ins.append(a)
+            e = Eqn(e.op, ins, e.outvars, e.params, e.source)
+        eqns.append(e)
+    return Graph(graph.invars, eqns, graph.outvars, graph.constvars, graph.consts)
+
+
+def loop_body(body: Graph) -> Graph:
+    """A scan body as a native loop runs it: every output its own buffer, made by an equation
+    of the body (the loop points each output at where that step's result goes), so an
+    output that is a literal, an input or another output's value is made by a `full` or a
+    copy (`convert` to its own dtype)."""
+    made = {v.id for e in body.eqns for v in e.outvars}
+    eqns, outs, seen = list(body.eqns), [], set()
+    for a in body.outvars:
+        if type(a) is Lit:
+            v = Var(a.aval)
+            eqns.append(Eqn("full", [], [v], {"shape": a.aval.shape, "value": a.value.item(),
+                                              "dtype": a.aval.dtype}))
+            a = v
+        elif a.id not in made or a.id in seen:
+            v = Var(a.aval)
+            eqns.append(Eqn("convert", [a], [v], {"dtype": a.aval.dtype}))
+            a = v
+        seen.add(a.id)
+        outs.append(a)
+    return Graph(body.invars, eqns, outs, body.constvars, body.consts)
 
 
 def _literal_outputs(flat: Graph, graph: Graph) -> Graph:
@@ -431,4 +504,4 @@ def _literal_outputs(flat: Graph, graph: Graph) -> Graph:
 
 
 __all__ = ["ARG_REDUCE", "REDUCE", "Group", "Plan", "epilogues", "fusible", "group_signature",
-           "plan_graph", "stages"]
+           "has_matmul", "loop_body", "native_loop", "plan_graph", "stages"]

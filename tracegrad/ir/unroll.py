@@ -9,7 +9,7 @@ and fusion sees one chain instead of `length` kernels cut apart by slices and co
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .core import Atom, Aval, Eqn, Graph, Lit, Var
 from .ops import OPS
@@ -56,19 +56,21 @@ def steps_of(params: dict) -> range:
     return range(n - 1, -1, -1) if params.get("reverse") else range(n)
 
 
-def unroll_scans(graph: Graph) -> Graph:
+def unroll_scans(graph: Graph, keep: Callable[[Eqn], bool] | None = None) -> Graph:
     """`graph` with every scan (nested ones too) written out as `length` copies of its body,
     with fresh variables. Step t of a scan reads row t of a stacked input: the value step t of
-    an earlier scan made, or a `slice` of an array. Returns `graph` itself when it holds no
-    scan."""
+    an earlier scan made, or a `slice` of an array. `keep`: the scans to leave as they are
+    (their bodies too), reading whole arrays. Returns `graph` itself when it holds no scan."""
     if not has_scan(graph):
         return graph
-    return _Unroller(graph, {}).run()
+    return _Unroller(graph, {}, keep).run()
 
 
 class _Unroller:
-    def __init__(self, graph: Graph, flat: dict[int, Graph]):
+    def __init__(self, graph: Graph, flat: dict[int, Graph],
+                 keep: Callable[[Eqn], bool] | None = None):
         self.graph = graph
+        self.keep = keep
         self.flat = flat        # id(body) -> the body unrolled, for the bodies met in this call
         self.eqns: list[Eqn] = []
         self.constvars, self.consts = list(graph.constvars), list(graph.consts)
@@ -77,7 +79,7 @@ class _Unroller:
 
     def run(self) -> Graph:
         for e in self.graph.eqns:
-            if e.op == "scan":
+            if e.op == "scan" and not (self.keep is not None and self.keep(e)):
                 self.scan(e)
             elif e.op == "concatenate" and self.rows(e):
                 pass
@@ -229,7 +231,7 @@ class _Unroller:
         if has_scan(body):
             hit = self.flat.get(id(body))
             if hit is None:
-                hit = self.flat[id(body)] = _Unroller(body, self.flat).run()
+                hit = self.flat[id(body)] = _Unroller(body, self.flat, self.keep).run()
             body = hit
         env: dict[int, Atom] = {}
         for v, c in zip(body.constvars, body.consts):

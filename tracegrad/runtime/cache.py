@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import __version__
 from ..codegen import ENTRY, Layout
+from ..codegen.plan import has_matmul
 from ..ir import Graph, structural_hash
 from . import stats
 from .blas import blas_int_bits
@@ -77,12 +78,7 @@ def blas_for(graph: Graph) -> int:
     """How large matmuls of `graph` call BLAS: the width of its integer arguments, or 0 for
     generated loops. Asked only of graphs with a matmul: finding BLAS may import scipy.linalg
     (~0.4 s)."""
-    return blas_int_bits() if _has_matmul(graph) else 0
-
-
-def _has_matmul(graph: Graph) -> bool:
-    return any(e.op == "matmul" or (e.op == "scan" and _has_matmul(e.params["body"]))
-               for e in graph.eqns)
+    return blas_int_bits() if has_matmul(graph) else 0
 
 
 def cache_key(graph: Graph) -> str:

@@ -1,0 +1,185 @@
+"""Scans as native loops (codegen.module `lower_scan`): the body's kernels run once per step,
+its slots pointed at step t's rows. Values against the reference interpreter; the code (and
+so the compile) the same size for every length."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import graph_of
+from test_scan_primitive import CASES, IDS, args_for, case_graph, close, rnn_body, scan, \
+    scan_graph
+from test_scan_stacked import _random_body, _scan_graph
+
+import tracegrad as tg
+from tracegrad import ir
+from tracegrad.codegen import plan as plan_mod
+from tracegrad.codegen.plan import plan_graph
+
+F4, F8 = np.dtype("f4"), np.dtype("f8")
+
+
+@pytest.fixture
+def loops(monkeypatch):
+    """Every scan without constants of its own runs as a loop, elementwise bodies too."""
+    monkeypatch.setattr(plan_mod, "UNROLL_MAX_EQNS", -1)
+
+
+def native(g: ir.Graph):
+    from tracegrad.runtime import compile_graph
+    return compile_graph(g)
+
+
+def _kinds(g: ir.Graph) -> list[str]:
+    return [grp.kind for grp in plan_graph(g).groups]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] != "body_consts"],
+                         ids=IDS[:4] + IDS[5:])
+@pytest.mark.parametrize("dtype", [F4, F8])
+def test_scan_cases_as_loops_match_the_interpreter(case, dtype, loops, no_disk_cache):
+    g = case_graph(case, dtype)
+    body = g.eqns[0].params["body"]
+    assert ("scan" in _kinds(g)) == (not body.constvars)   # (constants: unrolled)
+    args = args_for(g)
+    tol = (2e-5, 2e-6) if dtype == F4 else (1e-12, 1e-13)
+    close(native(g)(args), ir.interpret(g, args), *tol)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_bodies_as_loops_match_the_interpreter(seed, loops, no_disk_cache):
+    body = _random_body(seed, post=seed % 2 == 0)
+    g = _scan_graph(body, 5, 2, 1)
+    args = args_for(g, seed)
+    close(native(g)(args), ir.interpret(g, args), 1e-12, 1e-13)
+
+
+def _reverse_graph(body: ir.Graph, length: int, n_consts: int, n_carry: int) -> ir.Graph:
+    head = body.in_avals[:n_consts + n_carry]
+    stacked = [ir.Aval((length,) + a.shape, a.dtype) for a in body.in_avals[n_consts + n_carry:]]
+    b = ir.Builder("outer")
+    ins = [b.new_input(a) for a in head + stacked]
+    with b.active():
+        outs = ir.bind("scan", *ins, body=body, length=length, n_consts=n_consts,
+                       n_carry=n_carry, reverse=True)
+    return b.build(outs)
+
+
+@pytest.mark.parametrize("length", [1, 2, 5])
+def test_reverse_loops_and_every_length_parity(length, no_disk_cache):
+    g = _reverse_graph(rnn_body(F8), length, 1, 1)
+    assert "scan" in _kinds(g)                 # a matmul body: a loop at any length
+    args = args_for(g, length)
+    close(native(g)(args), ir.interpret(g, args), 1e-12, 1e-13)
+    f = scan_graph(rnn_body(F8), length, 1, 1)
+    close(native(f)(args), ir.interpret(f, args), 1e-12, 1e-13)
+
+
+def test_swapped_carries_literal_inputs_and_repeated_outputs(loops, no_disk_cache):
+    """Carries that swap (outputs that are inputs), a y that is a carry's new value and
+    another that repeats it, a literal y, and literal scan inputs (a constant and an initial
+    carry)."""
+    def step(c, s, a, b, x):
+        n = a * c + x * s
+        return s * 0.5 + c, b, a, n, n, np.asarray(2.0), a
+    v = ir.Aval((3,), F8)
+    body = graph_of(step, ir.Aval((), F8), ir.Aval((), F8), v, v, v)
+    o = ir.Builder("outer")
+    a0, b0, xs = o.new_input(v), o.new_input(v), o.new_input(ir.Aval((5, 3), F8))
+    with o.active():
+        outs = ir.bind("scan", ir.Lit(0.5, F8), ir.Lit(1.5, F8), a0, b0, xs,
+                       body=body, length=5, n_consts=1, n_carry=3)
+    g = o.build(outs)
+    assert "scan" in _kinds(g)
+    args = args_for(g, 3)
+    close(native(g)(args), ir.interpret(g, args), 1e-12, 1e-13)
+
+
+def test_a_loop_inside_a_loop(loops, no_disk_cache):
+    g = case_graph(CASES[1], F8)        # "nested": each step runs a scan of two steps
+    flat_body = plan_graph(g).groups
+    assert [grp.kind for grp in flat_body].count("scan") == 1
+    args = args_for(g, 5)
+    close(native(g)(args), ir.interpret(g, args), 1e-12, 1e-13)
+
+
+def test_an_update_after_the_loop_writes_its_output_in_place(no_disk_cache):
+    """The final carry feeds an update that may write into its buffer; the ys feed a
+    reduction; the initial carry is read again after the loop."""
+    body = rnn_body(F8, 4)
+    o = ir.Builder("outer")
+    W, h, xs = (o.new_input(ir.Aval((4, 4), F8)), o.new_input(ir.Aval((1, 4), F8)),
+                o.new_input(ir.Aval((6, 1, 4), F8)))
+    with o.active():
+        hT, ys = scan(body, 6, [W], [h * 2.0], [xs])
+        out = ir.bind("update_slice", hT, h[:, :2], index=((0, 1, 1), (1, 3, 1)))
+        total = tg.sum(ys, axis=0) + h + hT * 3.0
+    g = o.build([out, total])
+    assert plan_graph(g).in_place
+    args = args_for(g, 2)
+    close(native(g)(args), ir.interpret(g, args), 1e-12, 1e-13)
+
+
+@pytest.mark.parametrize("n", [40, 160])
+def test_bodies_with_parallel_kernels_and_blas(n, no_disk_cache):
+    """Big enough that the body's matmul calls BLAS and its loops split into pool tasks."""
+    def step(W, h, x):
+        hn = tg.tanh(h @ W + x)
+        return hn, tg.sum(hn * hn, axis=1)
+    body = graph_of(step, ir.Aval((n, n), F4), ir.Aval((64, n), F4), ir.Aval((64, n), F4))
+    g = scan_graph(body, 3, 1, 1)
+    args = args_for(g, n)
+    args[0] = args[0] / np.float32(n)
+    close(native(g)(args), ir.interpret(g, args), 2e-4, 2e-5)
+
+
+def _rnn_loss(T):
+    def loss(W, h, xs):
+        hs = []
+        for t in range(T):
+            h = tg.tanh(h @ W + xs[t])
+            hs.append(h[0])
+        return tg.sum(tg.stack(hs) ** 2)
+    return loss
+
+
+def test_a_rolled_rnn_gradient_compiles_to_the_same_code_for_every_length(no_disk_cache,
+                                                                         monkeypatch):
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((8, 8)) / 3
+    h = rng.standard_normal((1, 8))
+    sizes, got = [], []
+    for T in (6, 40):
+        xs = rng.standard_normal((T, 1, 8))
+        f = tg.jit(tg.value_and_grad(_rnn_loss(T), argnums=(0, 2)))
+        lowered = f.lower(W, h, xs)
+        assert [e.op for e in lowered.ir.eqns].count("scan") == 2     # forward, reverse
+        # the length is a constant of the loops; nothing else depends on it
+        sizes.append(len(lowered.llvm_ir.splitlines()))
+        got.append((T, xs, f(W, h, xs)))
+    assert sizes[0] == sizes[1]
+    monkeypatch.setattr(tg.config, "disable_jit", True)
+    for T, xs, (v, (gW, gx)) in got:
+        v0, (gW0, gx0) = tg.value_and_grad(_rnn_loss(T), argnums=(0, 2))(W, h, xs)
+        np.testing.assert_allclose(v, v0, rtol=1e-12)
+        np.testing.assert_allclose(gW, gW0, rtol=1e-11, atol=1e-13)
+        np.testing.assert_allclose(gx, gx0, rtol=1e-11, atol=1e-13)
+
+
+def test_short_elementwise_loops_still_unroll_and_fuse():
+    def chain(x):
+        for _ in range(12):
+            x = tg.sin(x) * 1.0123 + 0.1 * tg.tanh(x)
+        return tg.sum(x)
+    g = ir.optimize(tg.make_ir(tg.value_and_grad(chain))(np.linspace(-1, 1, 50)))
+    assert [e.op for e in g.eqns].count("scan") == 2
+    assert _kinds(g) == ["loop"]           # one kernel, as before native loops
+
+
+def test_long_elementwise_loops_run_as_loops(monkeypatch):
+    monkeypatch.setattr(plan_mod, "UNROLL_MAX_EQNS", 100)
+    def chain(x):
+        for _ in range(60):
+            x = tg.sin(x) * 1.0123 + 0.1 * tg.tanh(x)
+        return tg.sum(x)
+    g = ir.optimize(tg.make_ir(tg.value_and_grad(chain))(np.linspace(-1, 1, 50)))
+    assert _kinds(g).count("scan") == 2
