@@ -119,14 +119,19 @@ def test_an_update_after_the_loop_writes_its_output_in_place(no_disk_cache):
     close(native(g)(args), ir.interpret(g, args), 1e-12, 1e-13)
 
 
-@pytest.mark.parametrize("n", [40, 160])
+@pytest.mark.parametrize("n", [40, 256])
 def test_bodies_with_parallel_kernels_and_blas(n, no_disk_cache):
-    """Big enough that the body's matmul calls BLAS and its loops split into pool tasks."""
+    """Big enough that the body's matmul calls BLAS; at 256 its GEMM and epilogue run as two
+    pool tasks from inside the loop."""
+    from tracegrad.codegen.module import lower_graph
+
     def step(W, h, x):
         hn = tg.tanh(h @ W + x)
         return hn, tg.sum(hn * hn, axis=1)
     body = graph_of(step, ir.Aval((n, n), F4), ir.Aval((64, n), F4), ir.Aval((64, n), F4))
     g = scan_graph(body, 3, 1, 1)
+    layout = lower_graph(g, use_blas=True, threads=2).layout
+    assert layout.blas and (layout.n_parallel > 0) == (n == 256)
     args = args_for(g, n)
     args[0] = args[0] / np.float32(n)
     close(native(g)(args), ir.interpret(g, args), 2e-4, 2e-5)
@@ -183,3 +188,17 @@ def test_long_elementwise_loops_run_as_loops(monkeypatch):
         return tg.sum(x)
     g = ir.optimize(tg.make_ir(tg.value_and_grad(chain))(np.linspace(-1, 1, 50)))
     assert _kinds(g).count("scan") == 2
+
+
+def test_stacked_layer_weights_unroll_rather_than_copy_into_a_loop():
+    """A rolled stack of layers reads each layer's weights as a scan input stacked from
+    per-layer values: unrolled, each layer reads its own (a loop would copy them all into
+    one array every call, and its gradients out of one)."""
+    from test_unroll_native import _mlp_step
+    rng = np.random.default_rng(0)
+    params = [(rng.standard_normal((6, 6)) / 3, rng.standard_normal(6) / 3) for _ in range(5)]
+    g = ir.optimize(tg.make_ir(_mlp_step)(params, rng.standard_normal((4, 6))))
+    assert "scan" in [e.op for e in g.eqns]
+    plan = plan_graph(g)
+    assert "scan" not in [grp.kind for grp in plan.groups]
+    assert "concatenate" not in [e.op for e in plan.graph.eqns]

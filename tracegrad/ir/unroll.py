@@ -60,7 +60,9 @@ def unroll_scans(graph: Graph, keep: Callable[[Eqn], bool] | None = None) -> Gra
     """`graph` with every scan (nested ones too) written out as `length` copies of its body,
     with fresh variables. Step t of a scan reads row t of a stacked input: the value step t of
     an earlier scan made, or a `slice` of an array. `keep`: the scans to leave as they are
-    (their bodies too), reading whole arrays. Returns `graph` itself when it holds no scan."""
+    (their bodies too), reading whole arrays, unless one of their inputs is known by steps
+    (stacked per-step values, such as each layer's weights: unrolled, each step reads its own
+    where a loop would read a stacked copy). Returns `graph` itself when it holds no scan."""
     if not has_scan(graph):
         return graph
     return _Unroller(graph, {}, keep).run()
@@ -79,7 +81,7 @@ class _Unroller:
 
     def run(self) -> Graph:
         for e in self.graph.eqns:
-            if e.op == "scan" and not (self.keep is not None and self.keep(e)):
+            if e.op == "scan" and (self.keep is None or not self.keep(e) or self.by_steps(e)):
                 self.scan(e)
             elif e.op == "concatenate" and self.rows(e):
                 pass
@@ -90,6 +92,9 @@ class _Unroller:
                 self.copy(e)
         outs = [self.whole(a) for a in self.graph.outvars]
         return Graph(self.graph.invars, self.eqns, outs, self.constvars, self.consts)
+
+    def by_steps(self, e: Eqn) -> bool:
+        return any(type(a) is Var and type(self.env.get(a.id)) is _Steps for a in e.inputs)
 
     # -- values ---------------------------------------------------------------------------------
 

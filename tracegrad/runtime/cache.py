@@ -36,9 +36,10 @@ MAGIC = b"TGOBJ001"
 
 
 def backend_revision() -> str:
-    """A digest of the code generator's and the runtime's source (the pass pipeline, the BLAS
-    binding), of llvmlite's version and numpy's (the entry compares numpy's type numbers,
-    which numpy 2 changed on some platforms): changing any of them invalidates cached code.
+    """A digest of the code generator's, ir/unroll.py's and the runtime's source (the pass
+    pipeline, the BLAS binding), of llvmlite's version and numpy's (the entry compares numpy's
+    type numbers, which numpy 2 changed on some platforms): changing any of them invalidates
+    cached code.
     It is of the source this process imported (taken when this module loads, after codegen/
     and the rest of runtime/): read later, it would file code compiled by the old modules
     under the edited files' key, where a process running the new code would load it."""
@@ -55,6 +56,9 @@ def _source_digest() -> str:
             if name.endswith(".py"):
                 with open(os.path.join(folder, name), "rb") as f:
                     h.update(name.encode() + f.read())
+    from ..ir import unroll      # (which scans native code unrolls, and how)
+    with open(unroll.__file__, "rb") as f:
+        h.update(b"unroll.py" + f.read())
     return h.hexdigest()[:16]
 
 
