@@ -202,3 +202,19 @@ def test_stacked_layer_weights_unroll_rather_than_copy_into_a_loop():
     plan = plan_graph(g)
     assert "scan" not in [grp.kind for grp in plan.groups]
     assert "concatenate" not in [e.op for e in plan.graph.eqns]
+
+
+def test_the_compile_estimate_counts_a_loop_body_once():
+    """Tiering waits to compile until interpreting has cost what compiling should: for a
+    rolled RNN that no longer grows with the length."""
+    from tracegrad.codegen.plan import compiled_size
+    from tracegrad.ir.loops import unrolled_size
+    from tracegrad.tracer import executor
+    rng = np.random.default_rng(0)
+    W, h = rng.standard_normal((8, 8)), rng.standard_normal((1, 8))
+    graphs = [ir.optimize(tg.make_ir(tg.value_and_grad(_rnn_loss(T), argnums=(0, 2)))(
+        W, h, rng.standard_normal((T, 1, 8)))) for T in (6, 40)]
+    assert compiled_size(graphs[0]) == compiled_size(graphs[1]) < unrolled_size(graphs[0])
+    assert unrolled_size(graphs[0]) < unrolled_size(graphs[1])
+    assert executor.compile_estimate(graphs[1]) == \
+        executor._cost["per_eqn"] * compiled_size(graphs[1])

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..ir import OPS, Eqn, Graph, Lit, Var, dce
+from ..ir.loops import unrolled_size
 from ..ir.scan import unroll_scans
 
 # A scan whose body has no matmul is written out step by step when that makes at most this many
@@ -430,17 +431,28 @@ def native_loop(e: Eqn) -> bool:
     body = e.params["body"]
     if body.constvars:
         return False
-    return has_matmul(body) or e.params["length"] * _size(body) > UNROLL_MAX_EQNS
+    return has_matmul(body) or e.params["length"] * unrolled_size(body) > UNROLL_MAX_EQNS
+
+
+def compiled_size(graph: Graph) -> int:
+    """The equations native code is made of for `graph`: a scan run as a loop counts its
+    body once, an unrolled one `length` times (before `by_steps` unrolls some more: an
+    estimate, what the cost of compiling scales with); remembered on the graph."""
+    n = graph.__dict__.get("_compiled_size")
+    if n is None:
+        n = 0
+        for e in graph.eqns:
+            if e.op == "scan":
+                body = compiled_size(e.params["body"])
+                n += 1 + body if native_loop(e) else e.params["length"] * body
+            else:
+                n += 1
+        graph.__dict__["_compiled_size"] = n
+    return n
 
 
 def has_matmul(graph: Graph) -> bool:
     return any(e.op == "matmul" or (e.op == "scan" and has_matmul(e.params["body"]))
-               for e in graph.eqns)
-
-
-def _size(graph: Graph) -> int:
-    """Equations, a nested scan's unrolled."""
-    return sum(e.params["length"] * _size(e.params["body"]) if e.op == "scan" else 1
                for e in graph.eqns)
 
 
@@ -504,4 +516,4 @@ def _literal_outputs(flat: Graph, graph: Graph) -> Graph:
 
 
 __all__ = ["ARG_REDUCE", "REDUCE", "Group", "Plan", "epilogues", "fusible", "group_signature",
-           "has_matmul", "loop_body", "native_loop", "plan_graph", "stages"]
+           "compiled_size", "has_matmul", "loop_body", "native_loop", "plan_graph", "stages"]

@@ -35,8 +35,9 @@ def _register() -> None:
                       "graphs run on the reference interpreter", RuntimeWarning,
                       stacklevel=level)
         return
+    from ..codegen.plan import compiled_size
     executor.set_backend(compile_graph, run_graph, find_compiled, may_have_compiled,
-                         numpy_one_blas_thread())
+                         numpy_one_blas_thread(), compiled_size)
 
 
 _register()

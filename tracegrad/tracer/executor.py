@@ -53,9 +53,13 @@ def collector_paused():
 
 def set_backend(compile_fn: Callable, run_fn: Callable,
                 lookup_fn: Callable | None = None, may_hit_fn: Callable | None = None,
-                one_blas_thread: Any = None) -> None:
-    """`one_blas_thread`: a context manager keeping numpy's BLAS to one thread."""
+                one_blas_thread: Any = None, size_fn: Callable | None = None) -> None:
+    """`one_blas_thread`: a context manager keeping numpy's BLAS to one thread. `size_fn`:
+    the equations the backend compiles for a graph (what the compile estimate scales with;
+    default: its scans unrolled)."""
     _backend["compile"] = compile_fn
+    if size_fn is not None:
+        _backend["size"] = size_fn
     _backend["run"] = run_fn
     if lookup_fn is not None:
         _backend["lookup"] = lookup_fn
@@ -81,13 +85,18 @@ def _native(graph: ir.Graph) -> Any:
     exe = _backend["compile"](graph)
     took = time.perf_counter() - t0
     if took > 0.01 and graph.eqns:   # a real compile, not a cache hit
-        _cost["per_eqn"] = 0.75 * _cost["per_eqn"] + 0.25 * took / unrolled_size(graph)
+        _cost["per_eqn"] = 0.75 * _cost["per_eqn"] + 0.25 * took / _compiled_size(graph)
     return exe
 
 
 def compile_estimate(graph: ir.Graph) -> float:
     """Seconds compiling `graph` is expected to take."""
-    return _cost["per_eqn"] * max(unrolled_size(graph), 1)
+    return _cost["per_eqn"] * max(_compiled_size(graph), 1)
+
+
+def _compiled_size(graph: ir.Graph) -> int:
+    size = _backend.get("size")
+    return unrolled_size(graph) if size is None else size(graph)
 
 
 def _may_hit() -> bool:
