@@ -218,3 +218,63 @@ def test_the_compile_estimate_counts_a_loop_body_once():
     assert unrolled_size(graphs[0]) < unrolled_size(graphs[1])
     assert executor.compile_estimate(graphs[1]) == \
         executor._cost["per_eqn"] * compiled_size(graphs[1])
+
+
+def _outer(body: ir.Graph, length: int = 3) -> ir.Graph:
+    o = ir.Builder("outer")
+    W, h, xs = (o.new_input(ir.Aval((3, 3), F8)), o.new_input(ir.Aval((1, 3), F8)),
+                o.new_input(ir.Aval((length, 1, 3), F8)))
+    with o.active():
+        outs = ir.bind("scan", W, h, xs, body=body, length=length, n_consts=1, n_carry=1)
+    return o.build(list(outs))
+
+
+def _looped_bodies() -> dict:
+    """Bodies (W, h, x) -> (h', y) whose outputs become an input or a repeat only once
+    custom_vjp outputs are aliased or an inner scan is unrolled (found by review)."""
+    v, m = ir.Aval((1, 3), F8), ir.Aval((3, 3), F8)
+    ident = tg.custom_vjp(lambda x: x)
+    ident.defvjp(lambda x: (x, None), lambda _, g: g)
+    passes = graph_of(lambda c, x: (c, x * 2.0), v, v)          # its carry passes through
+    ib = ir.Builder("inner")
+    a, _, x = (ib.new_input(v) for _ in range(3))
+    with ib.active():
+        s = a + x
+    twice = ib.build([s, s])                                     # both carries one value
+    return {
+        "custom_vjp_input": graph_of(lambda W, h, x: (ident(x), h @ W), m, v, v),
+        "custom_vjp_repeat": graph_of(lambda W, h, x: (lambda a: (ident(a), a))(h @ W),
+                                      m, v, v),
+        "inner_passthrough": graph_of(lambda W, h, x: (tg.tanh(h @ W + x), ir.bind(
+            "scan", h, tg.stack([x, x]), body=passes, length=2, n_consts=0, n_carry=1)[0]),
+            m, v, v),
+        "inner_repeat": graph_of(lambda W, h, x: tuple(ir.bind(
+            "scan", h @ W, h, tg.stack([x, x]), body=twice, length=2, n_consts=0,
+            n_carry=2)), m, v, v),
+    }
+
+
+@pytest.mark.parametrize("name", list(_looped_bodies()))
+def test_outputs_that_become_inputs_or_repeats_after_flattening(name, no_disk_cache):
+    g = _outer(_looped_bodies()[name])
+    assert "scan" in _kinds(g)
+    args = args_for(g, 4)
+    close(native(g)(args), ir.interpret(g, args), 1e-12, 1e-13)
+
+
+def test_a_stacked_constant_does_not_unroll_a_loop():
+    """Only stacked step inputs (xs) known by steps unroll a loop: a constant stacked from
+    values is concatenated once either way."""
+    m, v = ir.Aval((3, 3), F8), ir.Aval((1, 3), F8)
+    body = graph_of(lambda Ws, h, x: (lambda n: (n, n))(tg.tanh(h @ Ws[0] + h @ Ws[1] + x)),
+                    ir.Aval((2, 3, 3), F8), v, v)
+    o = ir.Builder("outer")
+    W1, W2, h, xs = o.new_input(m), o.new_input(m), o.new_input(v), \
+        o.new_input(ir.Aval((300, 1, 3), F8))
+    with o.active():
+        outs = ir.bind("scan", tg.stack([W1, W2]), h, xs, body=body, length=300, n_consts=1,
+                       n_carry=1)
+    g = o.build(list(outs))
+    assert "scan" in _kinds(g)
+    args = args_for(g, 6)
+    close(native(g)(args), ir.interpret(g, args), 1e-12, 1e-13)

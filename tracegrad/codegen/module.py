@@ -24,7 +24,7 @@ from .elements import row_major_strides, slice_range
 from .linalg import (SLOT_BLAS_THREADS, emit_copy, emit_matmul, emit_scatter_add, emit_update,
                      gemm_dims, gemm_slot, gemm_tasks, loop_tasks, uses_blas)
 from .loops import emit_argreduce, emit_combine, emit_loop_group, reductions, split
-from .plan import Group, epilogues, group_signature, loop_body, plan_graph, stages
+from .plan import Group, epilogues, group_signature, plan_graph, stages
 from .scalar import OUTLINE_MATH, TRANSCENDENTAL
 from .unbox import SLOT_NDARRAY, emit_unbox
 
@@ -82,7 +82,7 @@ class _Lowering:
         self.threads = threads
         self.blas_int_bits = blas_int_bits
         self.prefix = prefix
-        self.plan = plan_graph(graph)
+        self.plan = plan_graph(graph, body=parent is not None)
         self.math_sites = sum(e.op in TRANSCENDENTAL for e in self.plan.graph.eqns)
         self.root: _Lowering = self if parent is None else parent.root
         if parent is None:
@@ -398,11 +398,11 @@ class _Lowering:
         e = group.eqns[0]
         p = e.params
         length, nc, nk = p["length"], p["n_consts"], p["n_carry"]
-        child = _Lowering(loop_body(p["body"]), self.use_blas, self.threads,
+        child = _Lowering(p["body"], self.use_blas, self.threads,
                           self.blas_int_bits, parent=self, prefix=name + "_")
         lay = child.layout_buffers()
         body_outs = [o[1] for o in lay.outputs]
-        assert all(o[0] == "slot" for o in lay.outputs), lay.outputs   # (loop_body)
+        assert all(o[0] == "slot" for o in lay.outputs), lay.outputs   # (plan: loop_body)
         steps = child.lower_stages()
         work, size = child.pack_workspace()
         self.n_kernels += child.n_kernels

@@ -413,16 +413,18 @@ def group_signature(group: Group | None, keys: list, avals: dict, extra: tuple) 
     return "\n".join(parts)
 
 
-def plan_graph(graph: Graph) -> Plan:
+def plan_graph(graph: Graph, body: bool = False) -> Plan:
     """Unroll the scans not kept as loops, alias custom_vjp outputs, drop dead code, and
-    partition into ordered groups."""
+    partition into ordered groups. `body`: `graph` is a scan's body run as a loop: its
+    outputs are then made distinct (`loop_body`), after the rest, which may make one an
+    input or another output again."""
     flat = unroll_scans(graph, keep=native_loop)
     if len(flat.constvars) != len(graph.constvars):
         # the buffer layout finds constants among the compiled graph's own
         raise NotImplementedError("native backend cannot lower a scan whose body holds "
                                   "constants; ir.optimize moves them out to the graph's")
-    return _Planner(_scan_inputs_in_buffers(
-        _literal_outputs(alias_custom_vjp(flat), graph))).run()
+    flat = _literal_outputs(alias_custom_vjp(flat), graph)
+    return _Planner(_scan_inputs_in_buffers(loop_body(flat) if body else flat)).run()
 
 
 def native_loop(e: Eqn) -> bool:

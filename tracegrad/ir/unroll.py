@@ -60,7 +60,7 @@ def unroll_scans(graph: Graph, keep: Callable[[Eqn], bool] | None = None) -> Gra
     """`graph` with every scan (nested ones too) written out as `length` copies of its body,
     with fresh variables. Step t of a scan reads row t of a stacked input: the value step t of
     an earlier scan made, or a `slice` of an array. `keep`: the scans to leave as they are
-    (their bodies too), reading whole arrays, unless one of their inputs is known by steps
+    (their bodies too), reading whole arrays, unless one of their xs is known by steps
     (stacked per-step values, such as each layer's weights: unrolled, each step reads its own
     where a loop would read a stacked copy). Returns `graph` itself when it holds no scan."""
     if not has_scan(graph):
@@ -94,7 +94,10 @@ class _Unroller:
         return Graph(self.graph.invars, self.eqns, outs, self.constvars, self.consts)
 
     def by_steps(self, e: Eqn) -> bool:
-        return any(type(a) is Var and type(self.env.get(a.id)) is _Steps for a in e.inputs)
+        """Whether a step input of scan `e` is known by steps (a constant or carry so known
+        is concatenated once either way)."""
+        return any(type(a) is Var and type(self.env.get(a.id)) is _Steps
+                   for a in split_inputs(e)[2])
 
     # -- values ---------------------------------------------------------------------------------
 
