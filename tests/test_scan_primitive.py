@@ -14,13 +14,15 @@ from tracegrad.ir.scan import unroll_scans
 F4, F8, I8 = np.dtype("f4"), np.dtype("f8"), np.dtype("i8")
 
 
-def scan(body: ir.Graph, length: int, consts, carry, xs) -> list:
+def scan(body: ir.Graph, length: int, consts, carry, xs, reverse: bool = False) -> list:
     """Emit a scan into the active builder (xs: one stacked array per body input)."""
     return ir.bind("scan", *consts, *carry, *xs, body=body, length=length,
-                   n_consts=len(consts), n_carry=len(carry))
+                   n_consts=len(consts), n_carry=len(carry), **({"reverse": True} if reverse
+                                                                 else {}))
 
 
-def scan_graph(body: ir.Graph, length: int, n_consts: int, n_carry: int) -> ir.Graph:
+def scan_graph(body: ir.Graph, length: int, n_consts: int, n_carry: int,
+               reverse: bool = False) -> ir.Graph:
     """A graph taking every input of one scan and returning every output."""
     head = body.in_avals[:n_consts + n_carry]
     stacked = [ir.Aval((length,) + a.shape, a.dtype) for a in body.in_avals[n_consts + n_carry:]]
@@ -28,7 +30,7 @@ def scan_graph(body: ir.Graph, length: int, n_consts: int, n_carry: int) -> ir.G
     ins = [b.new_input(a) for a in head + stacked]
     with b.active():
         outs = scan(body, length, ins[:n_consts], ins[n_consts:n_consts + n_carry],
-                    ins[n_consts + n_carry:])
+                    ins[n_consts + n_carry:], reverse)
     return b.build(outs)
 
 

@@ -466,15 +466,7 @@ def _scan_inputs_in_buffers(graph: Graph) -> Graph:
     eqns = []
     for e in graph.eqns:
         if e.op == "scan" and any(type(a) is Lit for a in e.inputs):
-            ins = []
-            for a in e.inputs:
-                if type(a) is Lit:
-                    v = Var(a.aval)
-                    eqns.append(Eqn("full", [], [v], {"shape": a.aval.shape,
-                                                      "value": a.value.item(),
-                                                      "dtype": a.aval.dtype}))
-                    a = v
-                ins.append(a)
+            ins = [_made(a, eqns) if type(a) is Lit else a for a in e.inputs]
             e = Eqn(e.op, ins, e.outvars, e.params, e.source)
         eqns.append(e)
     return Graph(graph.invars, eqns, graph.outvars, graph.constvars, graph.consts)
@@ -489,10 +481,7 @@ def loop_body(body: Graph) -> Graph:
     eqns, outs, seen = list(body.eqns), [], set()
     for a in body.outvars:
         if type(a) is Lit:
-            v = Var(a.aval)
-            eqns.append(Eqn("full", [], [v], {"shape": a.aval.shape, "value": a.value.item(),
-                                              "dtype": a.aval.dtype}))
-            a = v
+            a = _made(a, eqns)
         elif a.id not in made or a.id in seen:
             v = Var(a.aval)
             eqns.append(Eqn("convert", [a], [v], {"dtype": a.aval.dtype}))
@@ -509,12 +498,18 @@ def _literal_outputs(flat: Graph, graph: Graph) -> Graph:
     eqns = list(flat.eqns)
     for k, (a, was) in enumerate(zip(outs, graph.outvars, strict=True)):
         if isinstance(a, Lit) and not isinstance(was, Lit):
-            outs[k] = v = Var(a.aval)
-            eqns.append(Eqn("full", [], [v], {"shape": (), "value": a.value.item(),
-                                              "dtype": a.aval.dtype}))
+            outs[k] = _made(a, eqns)
     if len(eqns) == len(flat.eqns):
         return flat
     return Graph(flat.invars, eqns, outs, flat.constvars, flat.consts)
+
+
+def _made(lit: Lit, eqns: list[Eqn]) -> Var:
+    """A variable holding `lit`, made by a `full` appended to `eqns`."""
+    v = Var(lit.aval)
+    eqns.append(Eqn("full", [], [v], {"shape": lit.aval.shape, "value": lit.value.item(),
+                                      "dtype": lit.aval.dtype}))
+    return v
 
 
 __all__ = ["ARG_REDUCE", "REDUCE", "Group", "Plan", "epilogues", "fusible", "group_signature",
