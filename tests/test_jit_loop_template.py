@@ -170,6 +170,7 @@ def test_instantiate_writes_the_graph_only_when_read(data):
     graph written later is the one the Program runs (the same steps as a Program built from
     it, bit for bit), and tiering's size estimate is that graph's. (rnn's backward has
     (H, T) @ (T, H) matmuls: a contraction over the count.)"""
+    from tracegrad.codegen.plan import compiled_size
     from tracegrad.ir.interpret import Program
     from tracegrad.ir.loops import unrolled_size
     W, U, xs = data
@@ -192,13 +193,34 @@ def test_instantiate_writes_the_graph_only_when_read(data):
             assert "eqns" not in made.__dict__
             got = tg.ir.program(made)([W, U, xs])
             assert "eqns" not in made.__dict__     # running it reads only its Program
-            size = made.__dict__["_unrolled_size"]
+            sizes = unrolled_size(made), compiled_size(made)
+            assert "eqns" not in made.__dict__     # nor does weighing it for tiering
             written = tg.ir.Graph(made.invars, made.eqns, made.outvars, made.constvars,
                                   made.consts)
-            assert size == unrolled_size(written)
+            assert sizes == (unrolled_size(written), compiled_size(written))
             assert _same(got, Program(written)([W, U, xs]))
             assert _same(got, tg.jit(tg.value_and_grad(f, argnums=(0, 1)),
                                      static_argnums=(3,))(W, U, xs, T))
+
+
+def test_new_lengths_run_without_writing_their_graphs(data):
+    """A jitted call at a new length runs its template-written graph on the interpreter
+    without writing its equations out, tiering's compile estimate included (it once forced
+    the write: +25% on a new length's call). Values as a fresh jit's."""
+    from tracegrad.tracer.executor import Tiered
+    W, U, xs = data
+    step = tg.jit(tg.value_and_grad(rnn, argnums=(0, 1)), static_argnums=(3,))
+    for T in (5, 9, 7):
+        step(W, U, xs, T)
+    for T in (11, 16):
+        got = step(W, U, xs, T)
+        run = step.cache[step._last_key].run
+        if not isinstance(run, Tiered):
+            pytest.skip("no native backend: nothing is tiered")
+        assert run.native is None and type(run.graph).__name__ == "_Written"
+        assert "eqns" not in run.graph.__dict__
+        assert _same(got, tg.jit(tg.value_and_grad(rnn, argnums=(0, 1)),
+                                 static_argnums=(3,))(W, U, xs, T))
 
 
 def test_remade_matmul_reads_the_new_types_of_reused_steps():
@@ -236,12 +258,12 @@ def test_threads_making_the_first_templated_lengths(data, monkeypatch):
     step = tg.jit(tg.value_and_grad(rnn, argnums=(0, 1)), static_argnums=(3,))
     for T in (5, 9, 7):
         step(W, U, xs, T)
-    real = template_module.unrolled_size
+    real = template_module.scans_of
 
     def slow(g):        # widens the window between preparing's parts
         time.sleep(0.02)
         return real(g)
-    monkeypatch.setattr(template_module, "unrolled_size", slow)
+    monkeypatch.setattr(template_module, "scans_of", slow)
     got, errors = {}, []
 
     def call(T):

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..ir import OPS, Eqn, Graph, Lit, Var, dce
-from ..ir.loops import unrolled_size
+from ..ir.loops import scans_of, unrolled_size
 from ..ir.scan import unroll_scans
 
 # A scan whose body has no matmul is written out step by step when that makes at most this many
@@ -430,25 +430,26 @@ def plan_graph(graph: Graph, body: bool = False) -> Plan:
 def native_loop(e: Eqn) -> bool:
     """Whether scan `e` runs as a loop in native code rather than unrolled (see
     UNROLL_MAX_EQNS). A body holding constants is unrolled (they join the graph's)."""
-    body = e.params["body"]
+    return _loops(e.params["length"], e.params["body"])
+
+
+def _loops(length: int, body: Graph) -> bool:
     if body.constvars:
         return False
-    return has_matmul(body) or e.params["length"] * unrolled_size(body) > UNROLL_MAX_EQNS
+    return has_matmul(body) or length * unrolled_size(body) > UNROLL_MAX_EQNS
 
 
 def compiled_size(graph: Graph) -> int:
     """The equations native code is made of for `graph`: a scan run as a loop counts its
     body once, an unrolled one `length` times (before `by_steps` unrolls some more: an
-    estimate, what the cost of compiling scales with); remembered on the graph."""
+    estimate, what the cost of compiling scales with); remembered on the graph. Counted from
+    `scans_of`: a graph a template wrote for a new length is not written out for it."""
     n = graph.__dict__.get("_compiled_size")
     if n is None:
-        n = 0
-        for e in graph.eqns:
-            if e.op == "scan":
-                body = compiled_size(e.params["body"])
-                n += 1 + body if native_loop(e) else e.params["length"] * body
-            else:
-                n += 1
+        n, scans = scans_of(graph)
+        for length, body in scans:
+            size = compiled_size(body)
+            n += 1 + size if _loops(length, body) else length * size
         graph.__dict__["_compiled_size"] = n
     return n
 

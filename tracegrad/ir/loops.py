@@ -549,12 +549,24 @@ def _body(first: list[Eqn], flow: tuple, ys: list[tuple[int, int]]) -> Graph:
                  [made[s] for s in carry_src] + [made[y] for y in ys])
 
 
+def scans_of(graph: Graph) -> tuple[int, list[tuple[int, Graph]]]:
+    """How many of `graph`'s equations are not scans, and each scan's (length, body): what
+    its sizes are counted from (here and in the native backend's estimate). Remembered on the
+    graph; a graph written from a template has it before its equations are written (see
+    ir.template)."""
+    made = graph.__dict__.get("_scans")
+    if made is None:
+        scans = [(e.params["length"], e.params["body"]) for e in graph.eqns if e.op == "scan"]
+        made = graph.__dict__["_scans"] = (len(graph.eqns) - len(scans), scans)
+    return made
+
+
 def unrolled_size(graph: Graph) -> int:
-    """The number of equations `graph` has with its scans unrolled (what the native backend
-    compiles); remembered on the graph."""
+    """The number of equations `graph` has with its scans unrolled; remembered on the
+    graph."""
     n = graph.__dict__.get("_unrolled_size")
     if n is None:
-        n = sum(e.params["length"] * unrolled_size(e.params["body"]) if e.op == "scan" else 1
-                for e in graph.eqns)
+        others, scans = scans_of(graph)
+        n = others + sum(length * unrolled_size(body) for length, body in scans)
         graph.__dict__["_unrolled_size"] = n
     return n

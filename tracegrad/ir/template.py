@@ -23,7 +23,7 @@ import numpy as np
 from .core import Eqn, Graph, Lit, Var
 from .fission import aval
 from .interpret import program, restep, shapeless
-from .loops import unrolled_size
+from .loops import scans_of
 
 
 class _Mismatch(Exception):
@@ -53,7 +53,7 @@ class Template:
                        if any(type(a) is Var and a.id in retyped for a in e.inputs))
         self.changed = sorted(changed)
         self._redo: list[tuple] | None = None   # see _prepare
-        self._scans: list[tuple] = []
+        self._scans: tuple = (0, [])
         self._bounds: list[tuple] = []
         self._retype: list[tuple] = []
 
@@ -177,10 +177,8 @@ class Template:
             if probe is not None:
                 probe.inputs[k] = lit
         graph = _Written(self, n, list(lits))
-        size = self._scans[0]
-        for a, b, old, body in self._scans[1:]:
-            size += (a * n + b - old) * body
-        graph.__dict__["_unrolled_size"] = size
+        others, scans = self._scans
+        graph.__dict__["_scans"] = (others, [(a * n + b, body) for a, b, body in scans])
         graph.__dict__["_program"] = program(self.graph).renewed(
             graph, probes, [(at, k, lit.value) for at, k, lit in literals], fns)
         return graph
@@ -198,7 +196,8 @@ class Template:
         shapes: a step that holds at any shape is shared, see interpret.shapeless; every
         equation's types are checked when the graph is written) with their params' integers;
         the types those steps read and make that change with the count; the sizes and
-        lengths that must stay positive; the unrolled size's parts (what tiering weighs)."""
+        lengths that must stay positive; its scans' lengths as a * n + b and bodies (what tiering's
+        estimate weighs: ir.loops.scans_of)."""
         eqns = self.graph.eqns
         changes: dict[int, list] = {}       # position -> its params' (path, a, b)
         resized: dict[int, dict] = {}       # position -> output -> its shape's (dim, a, b)
@@ -224,12 +223,10 @@ class Template:
         self._retype = [(v.id, v.aval.shape, tuple(outs[k]), v.aval.dtype)
                         for at, outs in resized.items()
                         for k, v in enumerate(eqns[at].outvars) if k in outs and v.id in read]
-        scans: list = [unrolled_size(self.graph)]
-        for at, e in enumerate(eqns):
-            ab = self.ints.get((at, ("param", "length")))
-            if e.op == "scan" and ab is not None:
-                scans.append((*ab, e.params["length"], unrolled_size(e.params["body"])))
-        self._scans = scans
+        others, _ = scans_of(self.graph)
+        self._scans = (others, [
+            (*self.ints.get((at, ("param", "length")), (0, e.params["length"])),
+             e.params["body"]) for at, e in enumerate(eqns) if e.op == "scan"])
         self._redo = redo       # last: instantiate prepares while it is None (threads may race)
 
     def _write(self, n: int, lits: list) -> Graph:
