@@ -62,9 +62,11 @@ def test_independent_matmuls_share_a_stage_and_updates_are_epilogues():
     dw1 = next(i for i in mm if shapes[i] == (256, 200))
     assert any(dx in s and dw1 in s for s in stages(plan))
     epi = epilogues(plan)
-    updates = [i for i, g in enumerate(plan.groups) if g.kind == "loop"
-               and g.domain in ((300, 256), (256, 200))]
-    assert sorted(epi[i] for i in epi if epi[i] in updates) == sorted(updates)
+    # the weight updates are the weight gradients' own (accumulated onto W by ?gemm)
+    assert not [g for g in plan.groups if g.kind == "loop" and g.domain in ((300, 256),
+                                                                            (256, 200))]
+    assert all(plan.groups[i].acc is not None for i in mm if shapes[i] in ((300, 256),
+                                                                          (256, 200)))
     fused = {li: mi for mi, li in epi.items()}
     run = [i for s in stages(plan, fused) for i in s]
     assert sorted(run + list(fused)) == list(range(len(plan.groups)))
@@ -74,13 +76,13 @@ def test_independent_matmuls_share_a_stage_and_updates_are_epilogues():
 
 def test_batch_one_weight_gradients_split_by_rows_with_their_updates():
     # at batch 1 dW = x.T @ dh is an outer product, a generated i-k-j loop: split by rows, so
-    # the update runs as its epilogue on each task's block (was one task, then the update
-    # reading the whole product back from memory: 245 against 94 us at 784x512)
+    # the update runs on each task's block (was one task, then the update reading the whole
+    # product back from memory: 245 against 94 us at 784x512); the update is the product's
+    # own (Group.acc), applied to the block each task just made
     plan = plan_graph(sgd_graph(1, 784, 512, 300))
-    epi = epilogues(plan)
     outer = [i for i, g in enumerate(plan.groups) if g.kind == "matmul"
              and g.domain in ((784, 512), (512, 300))]
-    assert len(outer) == 2 and all(i in epi for i in outer)
+    assert len(outer) == 2 and all(plan.groups[i].acc is not None for i in outer)
     for i in outer:
         tasks, rows, by_columns = loop_tasks(plan.groups[i], 2)
         assert tasks == 2 and not by_columns and rows * 2 >= plan.groups[i].domain[0]
@@ -98,6 +100,55 @@ def test_sgd_step_with_split_gemms_matches_interpreter(threads, dims):
     for m, n in ((d_in, d_hid), (d_hid, d_out)):
         args += [(RNG.standard_normal((m, n)) / np.sqrt(m)).astype(F32),
                  RNG.standard_normal(n).astype(F32)]
+    check(g, args)
+
+
+ACCUMULATE = {      # each a w (m, n), a (k, m), b (k, n), s () -> [result]
+    "sub": lambda w, a, b, s: [w - 0.01 * (E.transpose(a, (1, 0)) @ b)],
+    "add": lambda w, a, b, s: [w + (E.transpose(a, (1, 0)) @ b) * 0.5],
+    "add_left": lambda w, a, b, s: [(E.transpose(a, (1, 0)) @ b) * -2.0 + w],
+    "scale_input": lambda w, a, b, s: [w - s * (E.transpose(a, (1, 0)) @ b)],
+}
+
+
+@pytest.mark.parametrize("form", sorted(ACCUMULATE))
+@pytest.mark.parametrize("dims", [(784, 128, 512), (300, 10, 1000), (64, 64, 64), (3, 5, 7),
+                                  (2, 64, 96), (40, 1, 30), (6, 0, 5)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_update_onto_a_product_is_accumulated_by_it(threads, form, dims, dtype):
+    """w - c * (a.T @ b), and the like: the loop folds into the matmul (?gemm adds -c times
+    the product onto a copy of w; generated products, few-row ones included, apply the loop's
+    operations to their block), split across threads or not, an empty contraction too."""
+    m, k, n = dims
+    dt = np.dtype(dtype)
+    g = build_graph(ACCUMULATE[form], ((m, n), dt), ((k, m), dt), ((k, n), dt), ((), dt))
+    plan = plan_graph(g)
+    assert [gr.kind for gr in plan.groups] == ["matmul"] and plan.groups[0].acc is not None
+    args = [RNG.standard_normal(s).astype(dt) for s in ((m, n), (k, m), (k, n))]
+    check(g, args + [np.asarray(0.3, dt)], *((1e-12, 1e-12) if dt == np.float64 else ()))
+
+
+@pytest.mark.parametrize("case", ["product_read_twice", "bias_broadcast", "product_minus_w",
+                                  "vector_scale", "scale_computed", "batched"])
+def test_update_not_accumulated_where_it_is_not_w_minus_c_times_the_product(case):
+    """Each near miss keeps its loop (and its product in a buffer), with the right values."""
+    def build(case):
+        if case == "batched":
+            return build_graph(lambda w, a, b: [w - 0.1 * (a @ b)],
+                               ((4, 30, 40), F32), ((4, 30, 20), F32), ((4, 20, 40), F32))
+        body = {
+            "product_read_twice": lambda w, p, v: [w - 0.1 * p, E.tanh(p)],
+            "bias_broadcast": lambda w, p, v: [v - 0.1 * p],
+            "product_minus_w": lambda w, p, v: [0.1 * p - w],
+            "vector_scale": lambda w, p, v: [w - v * p],
+            "scale_computed": lambda w, p, v: [w - E.tanh(w) * p],
+        }[case]
+        return build_graph(lambda w, a, b, v: body(w, a @ b, v), ((30, 40), F32),
+                           ((30, 20), F32), ((20, 40), F32), ((40,), F32))
+    g = build(case)
+    plan = plan_graph(g)
+    assert all(gr.acc is None for gr in plan.groups) and len(plan.groups) > 1
+    args = [RNG.standard_normal(v.aval.shape).astype(F32) for v in g.invars]
     check(g, args)
 
 

@@ -109,14 +109,12 @@ def emit_matmul(k: Kernel, group: Group, blas: bool,
     if kk == 0:   # an empty contraction is all zeros
         k.for_range(i64(0), i64(batch * m * n),
                     lambda j: b.store(const(dt, 0), b.gep(pc, [j], inbounds=True)))
+        if group.acc is not None:
+            _accumulate(k, group, (i64(0), i64(m)), (i64(0), i64(n)))
         return
-    # element (i, j) of op(A) lives at i*sa0 + j*sa1 of the stored operand
-    sa0, sa1 = (1, m) if ta else (kk, 1)
-    sb0, sb1 = (1, kk) if tb else (n, 1)
     if blas:
         _blas(k, group, ta, tb, pa, pb, pc, split, ir.IntType(int_bits))
         return
-
     # this task's rows or columns of C (see loop_tasks; split products have one batch)
     rows, cols = (i64(0), i64(m)), (i64(0), i64(n))
     if split[0] > 1:
@@ -124,6 +122,48 @@ def emit_matmul(k: Kernel, group: Group, blas: bool,
             cols = k.task_range(n, split[1])
         else:
             rows = k.task_range(m, split[1])
+    _generated(k, group, pa, pb, pc, rows, cols)
+    if group.acc is not None:
+        _accumulate(k, group, rows, cols)
+
+
+def _scale(k: Kernel, group: Group) -> ir.Value:
+    """The c of an accumulating product's w - c * p (see plan.Group.acc)."""
+    c = group.acc[1]
+    if isinstance(c, Var):
+        return k.b.load(k.ptrs[c.id])
+    return const(c.aval.dtype, c.value.item())
+
+
+def _accumulate(k: Kernel, group: Group, rows: tuple, cols: tuple) -> None:
+    """Rows x columns of C become w - c * C (or w + c * C): the loop the product took in,
+    operation for operation (generated products; ?gemm adds onto a copy of w instead)."""
+    b = k.b
+    w, _, subtract = group.acc
+    pw, pc = k.ptrs[w.id], k.ptrs[group.eqns[0].out.id]
+    n = group.domain[1]
+    c = _scale(k, group)
+
+    def row(i):
+        def col(j):
+            at = b.add(b.mul(i, i64(n)), j)
+            cp = b.gep(pc, [at], inbounds=True)
+            t = b.fmul(c, b.load(cp))
+            wv = b.load(b.gep(pw, [at], inbounds=True))
+            b.store(b.fsub(wv, t) if subtract else b.fadd(wv, t), cp)
+        k.for_range(*cols, col)
+    k.for_range(*rows, row)
+
+
+def _generated(k: Kernel, group: Group, pa, pb, pc, rows: tuple, cols: tuple) -> None:
+    """Rows x columns of C = op(A) op(B) by generated loops."""
+    b = k.b
+    (a, ta), (bb, tb) = group.operands
+    dt = group.eqns[0].out.aval.dtype
+    batch, m, kk, n = gemm_dims(group)
+    # element (i, j) of op(A) lives at i*sa0 + j*sa1 of the stored operand
+    sa0, sa1 = (1, m) if ta else (kk, 1)
+    sb0, sb1 = (1, kk) if tb else (n, 1)
     kind = few_rows(group)
     if kind is not None:    # (split by columns only)
         (_dots if kind == "dots" else _rows_by_k)(k, dt, pa, pb, pc, m, kk, n, sa0, sa1, *cols)
@@ -347,7 +387,13 @@ def _blas(k: Kernel, group: Group, ta: bool, tb: bool, pa, pb, pc,
     lda = cell(it, kk if tb else n)    # leading dim of the stored B
     ldb = cell(it, m if ta else kk)    # leading dim of the stored A
     ldc = cell(it, n)
-    alpha, beta = cell(ft, 1.0), cell(ft, 0.0)
+    if group.acc is None:
+        alpha, beta = cell(ft, 1.0), cell(ft, 0.0)
+    else:   # C = w - c * op(A) op(B): alpha = -c onto a copy of w's block (beta = 1)
+        c = _scale(k, group)
+        alpha, beta = cell(ft, b.fneg(c) if group.acc[2] else c), cell(ft, 1.0)
+        pw = k.ptrs[group.acc[0].id]
+        apart = b.icmp_unsigned("!=", pw, pc)   # (w's own buffer: an in-place update)
 
     def call(t, r0, nrows, c0=None, ncols=None):
         # rows r0.. of op(A) start at r0 * (row stride) of the stored A, columns c0.. of
@@ -357,6 +403,9 @@ def _blas(k: Kernel, group: Group, ta: bool, tb: bool, pa, pb, pc,
         ob = b.add(b.mul(t, i64(kk * n)), b.mul(c0, i64(kk if tb else 1)))
         oc = b.add(b.add(b.mul(t, i64(m * n)), b.mul(r0, i64(n))), c0)
         oa = b.add(b.mul(t, i64(m * kk)), b.mul(r0, i64(1 if ta else kk)))
+        if group.acc is not None:
+            wide = (lambda v: v) if it.width == 64 else (lambda v: b.sext(v, I64))
+            if_then(b, apart, lambda: _copy_block(k, pw, pc, oc, wide(nrows), wide(ncols), n))
         b.call(fp, [trans_b, trans_a, cell(it, ncols), cell(it, nrows), kp, alpha,
                     b.gep(pb, [ob], inbounds=True), lda,
                     b.gep(pa, [oa], inbounds=True), ldb, beta,
@@ -377,6 +426,20 @@ def _blas(k: Kernel, group: Group, ta: bool, tb: bool, pa, pb, pc,
         else:
             call(i64(0), start, size)
     if_then(b, has_setter, lambda: b.call(setter, [b.load(old)]))
+
+
+def _copy_block(k: Kernel, src, dst, at: ir.Value, nrows: ir.Value, ncols: ir.Value,
+                n: int) -> None:
+    """nrows rows of ncols elements from offset `at` of `src` to the same place in `dst`
+    (row-major, rows of n)."""
+    b = k.b
+
+    def row(i):
+        start = b.add(at, b.mul(i, i64(n)))
+        k.for_range(i64(0), ncols, lambda j: b.store(
+            b.load(b.gep(src, [b.add(start, j)], inbounds=True)),
+            b.gep(dst, [b.add(start, j)], inbounds=True)))
+    k.for_range(i64(0), nrows, row)
 
 
 def emit_scatter_add(k: Kernel, group: Group) -> None:

@@ -24,7 +24,7 @@ from .elements import row_major_strides, slice_range
 from .linalg import (SLOT_BLAS_THREADS, emit_copy, emit_matmul, emit_scatter_add, emit_update,
                      gemm_dims, gemm_slot, gemm_tasks, loop_tasks, uses_blas)
 from .loops import emit_argreduce, emit_combine, emit_loop_group, reductions, split
-from .plan import Group, epilogues, group_signature, plan_graph, stages
+from .plan import Group, epilogues, group_signature, plan_graph, reads, stages
 from .scalar import OUTLINE_MATH, TRANSCENDENTAL
 from .unbox import SLOT_NDARRAY, emit_unbox
 
@@ -137,8 +137,7 @@ class _Lowering:
         for gi, group in enumerate(self.plan.groups):
             si = self.stage_of[gi]   # groups of one stage may run at the same time
             for e in group.eqns:
-                atoms = [a for a, _ in group.operands] if e.op == "matmul" else e.inputs
-                for a in atoms:
+                for a in reads(group, e):
                     if isinstance(a, Var):
                         touch(a.id, si)
                 for v in e.outvars:
@@ -475,6 +474,7 @@ class _Lowering:
         produced = {v.id: e for e in group.eqns for v in e.outvars}
         if group.kind == "matmul":
             keys = [a.id for a, _ in group.operands] + [group.eqns[0].out.id]
+            keys += [a.id for a in group.acc[:2] if type(a) is Var] if group.acc else []
             blas = self.use_blas and uses_blas(group)
             if blas:
                 keys += ["gemm", "blas_threads"]

@@ -44,6 +44,8 @@ class Group:
     roots: list[Var] = field(default_factory=list)        # elementwise values it stores
     reductions: list[Eqn] = field(default_factory=list)   # reductions over the domain
     operands: list[tuple] = field(default_factory=list)   # matmul: (atom, transposed)
+    # matmul: (w, c, subtract) when it stores w - c * product (w + c * ...; _Planner.accumulate)
+    acc: tuple | None = None
     gid: int = 0
     members: int = 0               # bitset of the original group ids merged into this one
     desc: int = 0                  # bitset of group ids downstream of this one
@@ -111,6 +113,7 @@ class _Planner:
         self.groups: list[Group] = []
         self.group_of: dict[int, Group] = {}     # id(eqn) -> group
         self.outputs = {a.id for a in graph.outvars if isinstance(a, Var)}
+        self.inputs = {v.id for v in graph.invars + graph.constvars}
         self.producers = {v.id: e for e in graph.eqns for v in e.outvars}
         self.matmul_ops = {id(e): _matmul_operands(e, self.producers)
                            for e in graph.eqns if e.op == "matmul"}
@@ -258,7 +261,54 @@ class _Planner:
             self.add(g, e, pos)
         return self.schedule()
 
+    def accumulate(self, m: Group) -> None:
+        """Fold a loop storing `w - c * p` or `w + c * p` (c a scalar: a literal or an input;
+        w a buffer of p's type), where matmul `m` makes p and nothing else reads it, into `m`:
+        it then stores that result, ?gemm adding alpha = -c (or c) times the product to a
+        copy of w (beta = 1: no pass zeroing the product first, none reading it back; an SGD
+        update `W - lr * x.T @ g`). Generated products apply `w - c * p` to their block, the
+        loop's own operations. Only 2-d products (no batch) of floats."""
+        (e,) = m.eqns
+        p = e.out
+        if p.id in self.outputs or len(m.domain) != 2 or p.aval.dtype.kind != "f" or \
+                any(len(a.aval.shape) != 2 for a, _ in m.operands) or 0 in m.domain:
+            return
+        users = self.uses.get(p.id, [])
+        scale = users[0] if len(users) == 1 else None
+        if scale is None or scale.op != "mul" or scale.inputs[0] is scale.inputs[1]:
+            return
+        loop = self.group_of.get(id(scale))
+        if loop is None or loop.kind != "loop" or loop.reductions or len(loop.eqns) != 2 or \
+                loop.domain != m.domain:
+            return
+        c = scale.inputs[1] if scale.inputs[0] is p else scale.inputs[0]
+        if c.aval.shape != () or c.aval.dtype != p.aval.dtype or \
+                type(c) is Var and c.id not in self.inputs:
+            return
+        t = scale.out
+        users = self.uses.get(t.id, [])
+        combine = users[0] if len(users) == 1 and t.id not in self.outputs else None
+        if combine is None or self.group_of.get(id(combine)) is not loop or \
+                loop.roots != [combine.out] or combine.out.aval != p.aval:
+            return
+        if combine.op == "sub" and combine.inputs[1] is t:
+            w = combine.inputs[0]
+        elif combine.op == "add":
+            w = combine.inputs[1] if combine.inputs[0] is t else combine.inputs[0]
+        else:
+            return
+        if type(w) is not Var or w is t or w.aval != p.aval:
+            return
+        m.eqns[0] = Eqn("matmul", e.inputs, [combine.out], e.params, e.source)
+        m.acc = (w, c, combine.op == "sub")
+        loop.kind = "dead"
+        for x in loop.eqns:
+            self.group_of[id(x)] = m
+
     def schedule(self) -> Plan:
+        for g in self.groups:
+            if g.kind == "matmul":
+                self.accumulate(g)
         live = [g for g in self.groups if g.kind != "dead"]
         materialised = {v.id for v in self.graph.invars} | {v.id for v in self.graph.constvars}
         for g in live:
@@ -278,8 +328,7 @@ class _Planner:
         deps = {id(g): set() for g in live}
         for g in live:
             for e in g.eqns:
-                atoms = ([a for a, _ in g.operands] if e.op == "matmul" else e.inputs)
-                for a in atoms:
+                for a in reads(g, e):
                     w = writer.get(a.id) if isinstance(a, Var) else None
                     if w is not None and w is not g:
                         deps[id(g)].add(id(w))
@@ -305,6 +354,14 @@ class _Planner:
         index = {id(g): i for i, g in enumerate(order)}
         return Plan(self.graph, order, materialised,
                     [{index[d] for d in deps[id(g)]} for g in order], self.in_place)
+
+
+def reads(group: Group, e: Eqn) -> list:
+    """The atoms equation `e` of `group` reads: a matmul's operands (transposes read in
+    place) and what it accumulates onto, else its inputs."""
+    if e.op != "matmul":
+        return e.inputs
+    return [a for a, _ in group.operands] + ([*group.acc[:2]] if group.acc else [])
 
 
 def _levels(deps: list[set[int]]) -> list[int]:
@@ -410,6 +467,8 @@ def group_signature(group: Group | None, keys: list, avals: dict, extra: tuple) 
         parts.append("roots:" + ",".join(name(v) for v in group.roots))
         parts.append("red:" + ",".join(name(e.out) for e in group.reductions))
         parts.append("ops:" + ",".join(f"{name(a)}{t}" for a, t in group.operands))
+        if group.acc is not None:
+            parts.append(f"acc:{name(group.acc[0])},{name(group.acc[1])},{group.acc[2]}")
     return "\n".join(parts)
 
 
@@ -514,4 +573,5 @@ def _made(lit: Lit, eqns: list[Eqn]) -> Var:
 
 
 __all__ = ["ARG_REDUCE", "REDUCE", "Group", "Plan", "epilogues", "fusible", "group_signature",
-           "compiled_size", "has_matmul", "loop_body", "native_loop", "plan_graph", "stages"]
+           "compiled_size", "has_matmul", "loop_body", "native_loop", "plan_graph", "reads",
+           "stages"]
