@@ -392,8 +392,7 @@ def _blas(k: Kernel, group: Group, ta: bool, tb: bool, pa, pb, pc,
     else:   # C = w - c * op(A) op(B): alpha = -c onto a copy of w's block (beta = 1)
         c = _scale(k, group)
         alpha, beta = cell(ft, b.fneg(c) if group.acc[2] else c), cell(ft, 1.0)
-        pw = k.ptrs[group.acc[0].id]
-        apart = b.icmp_unsigned("!=", pw, pc)   # (w's own buffer: an in-place update)
+        pw = k.ptrs[group.acc[0].id]    # (never C's buffer: both live at this stage)
 
     def call(t, r0, nrows, c0=None, ncols=None):
         # rows r0.. of op(A) start at r0 * (row stride) of the stored A, columns c0.. of
@@ -405,7 +404,7 @@ def _blas(k: Kernel, group: Group, ta: bool, tb: bool, pa, pb, pc,
         oa = b.add(b.mul(t, i64(m * kk)), b.mul(r0, i64(1 if ta else kk)))
         if group.acc is not None:
             wide = (lambda v: v) if it.width == 64 else (lambda v: b.sext(v, I64))
-            if_then(b, apart, lambda: _copy_block(k, pw, pc, oc, wide(nrows), wide(ncols), n))
+            _copy_block(k, pw, pc, oc, wide(nrows), wide(ncols), n)
         b.call(fp, [trans_b, trans_a, cell(it, ncols), cell(it, nrows), kp, alpha,
                     b.gep(pb, [ob], inbounds=True), lda,
                     b.gep(pa, [oa], inbounds=True), ldb, beta,
