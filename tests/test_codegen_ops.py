@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from tracegrad import ir, runtime
+from tracegrad.codegen import linalg, plan_graph
 from conftest import build_graph
 from tracegrad.ir import emit as E
 
@@ -266,6 +267,54 @@ def test_products_of_few_rows_split_by_columns_equal_one_task():
     one task in one order, so the results equal a single task's bit for bit."""
     g, args = _few_rows_graph(F32)
     _compiled_for_two_threads_equals_one(g, args)
+
+
+# (m, k, n) of thin products (linalg.thin): contractions of at most 16 ("k": register
+# blocks of 4 rows, row and column tails after them) and products at most 16 wide ("n": dot
+# products of rows, or vectors of rows for a transposed A, with tails of rows and of the
+# contraction), and neighbours that keep ?gemm or the i-k-j loop: 15 rows, 17 everything,
+# a B too big to copy transposed to the stack unless stored transposed
+THIN = [(128, 10, 512), (33, 7, 45), (16, 1, 40), (50, 16, 32), (128, 512, 10),
+        (512, 128, 10), (37, 100, 3), (20, 16, 16), (17, 17, 17), (15, 10, 512),
+        (40, 3000, 12)]
+
+
+def _thin_graph(dtype):
+    shapes = [s for m, k, n in THIN for s in ((m, k), (k, n), (n, k), (k, m))]
+
+    def products(*xs):
+        out = []
+        for a, b, bt, at in zip(xs[0::4], xs[1::4], xs[2::4], xs[3::4], strict=True):
+            out += [a @ b, a @ E.transpose(bt, (1, 0)), E.transpose(at, (1, 0)) @ b,
+                    E.transpose(at, (1, 0)) @ E.transpose(bt, (1, 0))]
+        return out
+    return build(products, *[(s, dtype) for s in shapes]), [rand(s, dtype) for s in shapes]
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_thin_products(dtype):
+    g, args = _thin_graph(dtype)
+    kinds = [linalg.thin(grp) for grp in plan_graph(g).groups if grp.kind == "matmul"]
+    # 4 shapes of each kind in all 4 forms, and the too-big B in the 3 that need no copy
+    assert kinds.count("k") == 4 * 4 and kinds.count("n") == 4 * 4 + 3, kinds
+    tol = {F32: (1e-4, 1e-3), F64: (1e-11, 1e-10)}[dtype]
+    check(g, args, rtol=tol[0], atol=tol[1])
+
+
+def test_thin_products_split_by_rows_equal_one_task():
+    g, args = _thin_graph(F32)
+    _compiled_for_two_threads_equals_one(g, args)
+
+
+def test_thin_products_take_an_update_and_an_epilogue():
+    """The SGD update of a thin weight gradient (mlp_step's last layer) folded into the
+    product, and a bias + tanh epilogue after one."""
+    g = build(lambda w, h, d, x, b: [w - 0.01 * (E.transpose(h, (1, 0)) @ d),
+                                     E.tanh(x @ w + b)],
+              ((512, 10), F32), ((128, 512), F32), ((128, 10), F32), ((128, 512), F32),
+              ((10,), F32))
+    check(g, [rand(s, F32) for s in ((512, 10), (128, 512), (128, 10), (128, 512), (10,))],
+          rtol=1e-4, atol=1e-3)
 
 
 def _compiled_for_two_threads_equals_one(g, args):

@@ -29,7 +29,17 @@ row keeps the i-k-j loop (it streams B already); from 13 rows, with a contractio
 DOTS_MIN_K, and for integers, the choice is as before. The i-k-j loop of many rows (an outer
 product: mlp_step's weight gradients at batch 1) is split by rows, so that the update fused
 after it reads each task's block of the product from cache (`loop_tasks`): mlp_step at batch
-1 went from 0.56 to 0.39 ms on the 2-vCPU Intel Xeon."""
+1 went from 0.56 to 0.39 ms on the 2-vCPU Intel Xeon.
+
+Thin products (`thin`) skip ?gemm too: a contraction of at most 16 (`_thin_k`, mlp_step's
+backward (128, 10) @ (10, 512)) or a product at most 16 columns wide (`_thin_n`, its last
+layer (128, 512) @ (512, 10) and weight gradient (512, 128) @ (128, 10)), from 16 rows. At these
+sizes ?gemm on one thread is no faster than the generated loops (16-20 against 15-22 us), and
+two ?gemm calls at once on the two threads slow each other down (a (128, 10) @ (10, 256) took
+12.3 us alone, 31 us each with its other half running beside it), so splitting ?gemm gained
+nothing; the generated loops split by rows. In mlp_step (2-vCPU Intel Xeon) the last layer's
+forward went from 25.5 to 17.4 us and the stage of the two backward products from 54 to 41 us:
+the step from 2.04 to 1.99 ms."""
 from __future__ import annotations
 
 import math
@@ -48,6 +58,11 @@ ROWS_BY_K = range(2, 13)    # rows of a product with a stored B that `_rows_by_k
 KC = 64               # rows of B `_rows_by_k` reads in one chunk
 DOTS_MAX_ROWS = 12    # rows of a product with a transposed B that `_dots` runs ...
 DOTS_MIN_K = 8        # ... from this contraction length
+THIN = 16             # a contraction this short, or a product this narrow, runs as `_thin_k`
+THIN_MIN_ROWS = 16    # or `_thin_n` from this many rows ...
+THIN_PACK = 1 << 16   # ... when the copy of B it may need takes at most this many bytes
+FUSE = ("contract",)   # their multiply-adds may become FMAs (one rounding, as ?gemm's)
+THIN_R, THIN_U = 4, 2  # `_thin_k`'s block: rows by vector registers of columns
 GEMM_SPLIT_WORK = 1 << 21    # multiply-adds below which a GEMM runs as one task
 GEMM_TASK_WORK = 1 << 26     # at most this many multiply-adds per task (per thread round)
 MAX_GEMM_TASKS = 64
@@ -80,7 +95,7 @@ def uses_blas(group: Group) -> bool:
     # loop, while ?gemm packs all of B first: mlp_step at batch 1 took 1.7 ms with sgemm.
     vector = (m == 1 and not group.operands[1][1]) or k == 1
     return is_float(dt) and m * k * n >= BLAS_MIN_WORK and not vector and \
-        few_rows(group) is None
+        few_rows(group) is None and thin(group) is None
 
 
 def few_rows(group: Group) -> str | None:
@@ -92,6 +107,24 @@ def few_rows(group: Group) -> str | None:
     if group.operands[1][1]:
         return "dots" if m <= DOTS_MAX_ROWS and k >= DOTS_MIN_K else None
     return "rows" if m in ROWS_BY_K else None
+
+
+def thin(group: Group) -> str | None:
+    """"k" (`_thin_k`) for a float product of at least THIN_MIN_ROWS rows whose contraction is
+    at most THIN long, "n" (`_thin_n`) for one at most THIN columns wide, which generated
+    loops run faster than ?gemm (see the module docstring); else None. A B that would need
+    a packed copy bigger than THIN_PACK bytes keeps ?gemm."""
+    batch, m, kk, n = gemm_dims(group)
+    dt = group.eqns[0].out.aval.dtype
+    if batch != 1 or not is_float(dt) or m < THIN_MIN_ROWS or few_rows(group) is not None:
+        return None
+    (_, ta), (_, tb) = group.operands
+    packed = kk * n * dt.itemsize <= THIN_PACK
+    if 0 < kk <= THIN and n >= 2 * THIN and (packed or not tb):
+        return "k"
+    if 0 < n <= THIN and kk >= THIN and (packed or ta or tb):
+        return "n"
+    return None
 
 
 def emit_matmul(k: Kernel, group: Group, blas: bool,
@@ -164,6 +197,11 @@ def _generated(k: Kernel, group: Group, pa, pb, pc, rows: tuple, cols: tuple) ->
     # element (i, j) of op(A) lives at i*sa0 + j*sa1 of the stored operand
     sa0, sa1 = (1, m) if ta else (kk, 1)
     sb0, sb1 = (1, kk) if tb else (n, 1)
+    shape = thin(group)
+    if shape is not None:   # (split by rows only)
+        (_thin_k if shape == "k" else _thin_n)(k, dt, pa, pb, pc, m, kk, n,
+                                               (sa0, sa1), (sb0, sb1), rows)
+        return
     kind = few_rows(group)
     if kind is not None:    # (split by columns only)
         (_dots if kind == "dots" else _rows_by_k)(k, dt, pa, pb, pc, m, kk, n, sa0, sa1, *cols)
@@ -294,6 +332,184 @@ def _dots(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa0: int, sa1: int
                  True),
             b.gep(pc, [b.add(b.mul(i, i64(n)), j)], inbounds=True)))
     k.for_range(j0, j1, col)
+
+
+def _splat(b: ir.IRBuilder, x: ir.Value, vt: ir.VectorType) -> ir.Value:
+    v = b.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(I32, 0))
+    return b.shuffle_vector(v, ir.Constant(vt, ir.Undefined),
+                            ir.Constant(ir.VectorType(I32, vt.count), [0] * vt.count))
+
+
+def _vector(b: ir.IRBuilder, p: ir.Value, at: ir.Value, vt: ir.VectorType) -> ir.Value:
+    """The address of vt.count elements of p from `at` (unaligned)."""
+    return b.bitcast(b.gep(p, [at], inbounds=True), vt.as_pointer())
+
+
+def _lanes_sum(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """The sum of v's lanes, in a fixed order: halves added until one lane is left."""
+    w = v.type.count
+    while w > 1:
+        h = w // 2
+        lo, hi = (b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, h), list(range(s, s + h))))
+                  for s in (0, h))
+        v, w = b.fadd(lo, hi), h
+    return b.extract_element(v, ir.Constant(I32, 0))
+
+
+def _packed(k: Kernel, src, rows: int, cols: int, strides: tuple[int, int]) -> ir.Value:
+    """A stack copy, row-major (rows, cols), of the matrix whose element (r, c) is at
+    r * strides[0] + c * strides[1] of `src` (see THIN_PACK for its size)."""
+    b = k.b
+    ft = src.type.pointee
+    dst = b.bitcast(k.alloca(ir.ArrayType(ft, rows * cols)), ft.as_pointer())
+
+    def row(r):
+        k.for_range(i64(0), i64(cols), lambda c: b.store(
+            b.load(b.gep(src, [b.add(b.mul(r, i64(strides[0])), b.mul(c, i64(strides[1])))],
+                         inbounds=True)),
+            b.gep(dst, [b.add(b.mul(r, i64(cols)), c)], inbounds=True)))
+    k.for_range(i64(0), i64(rows), row)
+    return dst
+
+
+def _thin_k(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa: tuple, sb: tuple,
+            rows: tuple) -> None:
+    """Rows `rows` of C = op(A) op(B) for a contraction of at most THIN: blocks of THIN_R rows
+    by THIN_U vector registers of columns, each summed in registers over the whole (unrolled)
+    contraction from one vector load of B's row p and a broadcast of A's element per row.
+    A transposed B is first copied row-major to the stack (it is small: kk rows). Each
+    element sums its products in p order, as the i-k-j loop does."""
+    b = k.b
+    ft = pc.type.pointee
+    vt = ir.VectorType(ft, 32 // dt.itemsize)
+    w, align = vt.count, dt.itemsize
+    if sb[1] != 1:
+        pb = _packed(k, pb, kk, n, sb)
+    width = w * THIN_U
+    blocks = n // width
+
+    def a_at(i, p):
+        return b.load(b.gep(pa, [b.add(b.mul(i, i64(sa[0])), i64(p * sa[1]))], inbounds=True))
+
+    def c_at(i, j):
+        return b.gep(pc, [b.add(b.mul(i, i64(n)), j)], inbounds=True)
+
+    def rows_from(i0, count: int):
+        def block(q):
+            jb = b.mul(q, i64(width))
+            sums = [[None] * THIN_U for _ in range(count)]
+            for p in range(kk):
+                bvs = [b.load(_vector(b, pb, b.add(i64(p * n), b.add(jb, i64(v * w))), vt),
+                              align=align) for v in range(THIN_U)]
+                for r in range(count):
+                    av = _splat(b, a_at(b.add(i0, i64(r)), p), vt)
+                    for v in range(THIN_U):
+                        t = b.fmul(av, bvs[v], flags=FUSE)
+                        sums[r][v] = t if p == 0 else b.fadd(sums[r][v], t, flags=FUSE)
+            for r in range(count):
+                for v in range(THIN_U):
+                    cp = c_at(b.add(i0, i64(r)), b.add(jb, i64(v * w)))
+                    b.store(sums[r][v], b.bitcast(cp, vt.as_pointer()), align=align)
+        k.for_range(i64(0), i64(blocks), block)
+
+        def col(j):     # the columns after the last whole block
+            for r in range(count):
+                total = None
+                for p in range(kk):
+                    t = b.fmul(a_at(b.add(i0, i64(r)), p),
+                               b.load(b.gep(pb, [b.add(i64(p * n), j)], inbounds=True)),
+                               flags=FUSE)
+                    total = t if p == 0 else b.fadd(total, t, flags=FUSE)
+                b.store(total, c_at(b.add(i0, i64(r)), j))
+        k.for_range(i64(blocks * width), i64(n), col)
+
+    r0, r1 = rows
+    whole = b.sdiv(b.sub(r1, r0), i64(THIN_R))
+    k.for_range(i64(0), whole, lambda q: rows_from(b.add(r0, b.mul(q, i64(THIN_R))), THIN_R))
+    k.for_range(b.add(r0, b.mul(whole, i64(THIN_R))), r1, lambda i: rows_from(i, 1))
+
+
+def _thin_n(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa: tuple, sb: tuple,
+            rows: tuple) -> None:
+    """Rows `rows` of C = op(A) op(B) for a product at most THIN columns wide, all n sums of
+    a row (or of a vector of rows) in registers at once:
+    - op(A) stored transposed (its columns contiguous): a vector of rows of C per register,
+      from a vector load of A's row p and a broadcast of B's element (p, j) per column;
+    - else each element a dot product along p of A's row with B's column, a vector of
+      partial sums per column (B copied transposed to the stack if it is stored row-major),
+      the lanes then added in a fixed order and the last kk % w products after them.
+    Float sums reassociate this way, deterministically (as `_dots`' do)."""
+    b = k.b
+    ft = pc.type.pointee
+    vt = ir.VectorType(ft, 32 // dt.itemsize)
+    w, align = vt.count, dt.itemsize
+    sums = [k.alloca(vt) for _ in range(n)]
+    zero = ir.Constant(vt, [0.0] * w)
+    r0, r1 = rows
+
+    def c_at(i, j: int):
+        return b.gep(pc, [b.add(b.mul(i, i64(n)), i64(j))], inbounds=True)
+
+    if sa[0] == 1 and sa[1] != 1:      # op(A)[i, p] at i + p * m
+        def block(q):
+            i0 = b.add(r0, b.mul(q, i64(w)))
+            for s in sums:
+                b.store(zero, s)
+
+            def red(p):
+                av = b.load(_vector(b, pa, b.add(i0, b.mul(p, i64(sa[1]))), vt), align=align)
+                for j, s in enumerate(sums):
+                    bv = b.load(b.gep(pb, [b.add(b.mul(p, i64(sb[0])), i64(j * sb[1]))],
+                                      inbounds=True))
+                    t = b.fmul(av, _splat(b, bv, vt), flags=FUSE)
+                    b.store(b.fadd(b.load(s), t, flags=FUSE), s)
+            k.for_range(i64(0), i64(kk), red)
+            for j, s in enumerate(sums):
+                v = b.load(s)
+                for r in range(w):
+                    b.store(b.extract_element(v, ir.Constant(I32, r)),
+                            c_at(b.add(i0, i64(r)), j))
+        whole = b.sdiv(b.sub(r1, r0), i64(w))
+        k.for_range(i64(0), whole, block)
+        one = k.alloca(ft)
+
+        def row(i):     # the rows after the last whole vector of them
+            for j in range(n):
+                b.store(_dot(k, one, dt, pa, i, sa[1], pb,
+                             lambda p, j=j: b.add(b.mul(p, i64(sb[0])), i64(j * sb[1])), kk,
+                             False), c_at(i, j))
+        k.for_range(b.add(r0, b.mul(whole, i64(w))), r1, row)
+        return
+    # op(A)[i, p] at i * kk + p; B's column j wanted at j * kk + p
+    if sb[0] != 1:
+        pb = _packed(k, pb, n, kk, (sb[1], sb[0]))
+    tails = [k.alloca(ft) for _ in range(n)]
+    chunks = kk // w
+
+    def row(i):
+        arow = b.mul(i, i64(kk))
+        for s in sums:
+            b.store(zero, s)
+
+        def red(q):
+            p = b.mul(q, i64(w))
+            av = b.load(_vector(b, pa, b.add(arow, p), vt), align=align)
+            for j, s in enumerate(sums):
+                bv = b.load(_vector(b, pb, b.add(i64(j * kk), p), vt), align=align)
+                b.store(b.fadd(b.load(s), b.fmul(av, bv, flags=FUSE), flags=FUSE), s)
+        k.for_range(i64(0), i64(chunks), red)
+        for s, t in zip(sums, tails):
+            b.store(_lanes_sum(b, b.load(s)), t)
+
+        def rest(p):
+            a = b.load(b.gep(pa, [b.add(arow, p)], inbounds=True))
+            for j, t in enumerate(tails):
+                bv = b.load(b.gep(pb, [b.add(i64(j * kk), p)], inbounds=True))
+                b.store(b.fadd(b.load(t), b.fmul(a, bv, flags=FUSE), flags=FUSE), t)
+        k.for_range(i64(chunks * w), i64(kk), rest)
+        for j, t in enumerate(tails):
+            b.store(b.load(t), c_at(i, j))
+    k.for_range(r0, r1, row)
 
 
 LOOP_SPLIT_WORK = 1 << 18    # multiply-adds from which a generated product is split
