@@ -273,10 +273,11 @@ def test_products_of_few_rows_split_by_columns_equal_one_task():
 # blocks of 4 rows, row and column tails after them) and products at most 16 wide ("n": dot
 # products of rows, or vectors of rows for a transposed A, with tails of rows and of the
 # contraction), and neighbours that keep ?gemm or the i-k-j loop: 15 rows, 17 everything,
-# a B too big to copy transposed to the stack unless stored transposed
+# a B too big to copy transposed to the stack unless stored transposed. (100, 300, 10) is
+# split into tasks of 50 rows: not whole vectors of rows
 THIN = [(128, 10, 512), (33, 7, 45), (16, 1, 40), (50, 16, 32), (128, 512, 10),
-        (512, 128, 10), (37, 100, 3), (20, 16, 16), (17, 17, 17), (15, 10, 512),
-        (40, 3000, 12)]
+        (512, 128, 10), (37, 100, 3), (20, 16, 16), (100, 300, 10), (17, 17, 17),
+        (15, 10, 512), (40, 3000, 12)]
 
 
 def _thin_graph(dtype):
@@ -295,15 +296,22 @@ def _thin_graph(dtype):
 def test_thin_products(dtype):
     g, args = _thin_graph(dtype)
     kinds = [linalg.thin(grp) for grp in plan_graph(g).groups if grp.kind == "matmul"]
-    # 4 shapes of each kind in all 4 forms, and the too-big B in the 3 that need no copy
-    assert kinds.count("k") == 4 * 4 and kinds.count("n") == 4 * 4 + 3, kinds
+    # 4 and 5 shapes of each kind in all 4 forms, and the too-big B in the 3 needing no copy
+    assert kinds.count("k") == 4 * 4 and kinds.count("n") == 5 * 4 + 3, kinds
     tol = {F32: (1e-4, 1e-3), F64: (1e-11, 1e-10)}[dtype]
     check(g, args, rtol=tol[0], atol=tol[1])
 
 
-def test_thin_products_split_by_rows_equal_one_task():
-    g, args = _thin_graph(F32)
-    _compiled_for_two_threads_equals_one(g, args)
+@pytest.mark.parametrize("m,k,n", [(128, 10, 512), (512, 128, 10), (128, 512, 10),
+                                   (100, 300, 10)])
+def test_thin_products_split_by_rows_equal_one_task(m, k, n):
+    """One product per graph (products sharing a stage share the threads and run unsplit)."""
+    for ta, tb in [(0, 0), (0, 1), (1, 0), (1, 1)]:
+        g = build(lambda a, b, ta=ta, tb=tb: [(E.transpose(a, (1, 0)) if ta else a) @
+                                              (E.transpose(b, (1, 0)) if tb else b)],
+                  ((k, m) if ta else (m, k), F32), ((n, k) if tb else (k, n), F32))
+        args = [rand((k, m) if ta else (m, k), F32), rand((n, k) if tb else (k, n), F32)]
+        _compiled_for_two_threads_equals_one(g, args)
 
 
 def test_thin_products_take_an_update_and_an_epilogue():

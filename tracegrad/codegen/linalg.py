@@ -61,7 +61,6 @@ DOTS_MIN_K = 8        # ... from this contraction length
 THIN = 16             # a contraction this short, or a product this narrow, runs as `_thin_k`
 THIN_MIN_ROWS = 16    # or `_thin_n` from this many rows ...
 THIN_PACK = 1 << 16   # ... when the copy of B it may need takes at most this many bytes
-FUSE = ("contract",)   # their multiply-adds may become FMAs (one rounding, as ?gemm's)
 THIN_R, THIN_U = 4, 2  # `_thin_k`'s block: rows by vector registers of columns
 GEMM_SPLIT_WORK = 1 << 21    # multiply-adds below which a GEMM runs as one task
 GEMM_TASK_WORK = 1 << 26     # at most this many multiply-adds per task (per thread round)
@@ -116,7 +115,7 @@ def thin(group: Group) -> str | None:
     a packed copy bigger than THIN_PACK bytes keeps ?gemm."""
     batch, m, kk, n = gemm_dims(group)
     dt = group.eqns[0].out.aval.dtype
-    if batch != 1 or not is_float(dt) or m < THIN_MIN_ROWS or few_rows(group) is not None:
+    if batch != 1 or not is_float(dt) or m < THIN_MIN_ROWS:    # (so not `few_rows`)
         return None
     (_, ta), (_, tb) = group.operands
     packed = kk * n * dt.itemsize <= THIN_PACK
@@ -340,6 +339,19 @@ def _splat(b: ir.IRBuilder, x: ir.Value, vt: ir.VectorType) -> ir.Value:
                             ir.Constant(ir.VectorType(I32, vt.count), [0] * vt.count))
 
 
+def _fma(b: ir.IRBuilder, x: ir.Value, y: ir.Value, z: ir.Value) -> ir.Value:
+    """x * y + z rounded once (scalars or vectors)."""
+    t = x.type
+    scalar = t.element if isinstance(t, ir.VectorType) else t
+    name = "llvm.fma." + (f"v{t.count}" if t is not scalar else "") + \
+        ("f64" if isinstance(scalar, ir.DoubleType) else "f32")
+    try:
+        fn = b.module.get_global(name)
+    except KeyError:
+        fn = ir.Function(b.module, ir.FunctionType(t, [t] * 3), name)
+    return b.call(fn, [x, y, z])
+
+
 def _vector(b: ir.IRBuilder, p: ir.Value, at: ir.Value, vt: ir.VectorType) -> ir.Value:
     """The address of vt.count elements of p from `at` (unaligned)."""
     return b.bitcast(b.gep(p, [at], inbounds=True), vt.as_pointer())
@@ -378,7 +390,8 @@ def _thin_k(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa: tuple, sb: t
     by THIN_U vector registers of columns, each summed in registers over the whole (unrolled)
     contraction from one vector load of B's row p and a broadcast of A's element per row.
     A transposed B is first copied row-major to the stack (it is small: kk rows). Each
-    element sums its products in p order, as the i-k-j loop does."""
+    element sums its products in p order, each step one fused multiply-add (one rounding, as
+    ?gemm's; a target without FMA instructions calls libm's fma)."""
     b = k.b
     ft = pc.type.pointee
     vt = ir.VectorType(ft, 32 // dt.itemsize)
@@ -404,8 +417,8 @@ def _thin_k(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa: tuple, sb: t
                 for r in range(count):
                     av = _splat(b, a_at(b.add(i0, i64(r)), p), vt)
                     for v in range(THIN_U):
-                        t = b.fmul(av, bvs[v], flags=FUSE)
-                        sums[r][v] = t if p == 0 else b.fadd(sums[r][v], t, flags=FUSE)
+                        sums[r][v] = (b.fmul(av, bvs[v]) if p == 0 else
+                                      _fma(b, av, bvs[v], sums[r][v]))
             for r in range(count):
                 for v in range(THIN_U):
                     cp = c_at(b.add(i0, i64(r)), b.add(jb, i64(v * w)))
@@ -416,10 +429,9 @@ def _thin_k(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa: tuple, sb: t
             for r in range(count):
                 total = None
                 for p in range(kk):
-                    t = b.fmul(a_at(b.add(i0, i64(r)), p),
-                               b.load(b.gep(pb, [b.add(i64(p * n), j)], inbounds=True)),
-                               flags=FUSE)
-                    total = t if p == 0 else b.fadd(total, t, flags=FUSE)
+                    a = a_at(b.add(i0, i64(r)), p)
+                    bv = b.load(b.gep(pb, [b.add(i64(p * n), j)], inbounds=True))
+                    total = b.fmul(a, bv) if p == 0 else _fma(b, a, bv, total)
                 b.store(total, c_at(b.add(i0, i64(r)), j))
         k.for_range(i64(blocks * width), i64(n), col)
 
@@ -438,7 +450,10 @@ def _thin_n(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa: tuple, sb: t
     - else each element a dot product along p of A's row with B's column, a vector of
       partial sums per column (B copied transposed to the stack if it is stored row-major),
       the lanes then added in a fixed order and the last kk % w products after them.
-    Float sums reassociate this way, deterministically (as `_dots`' do)."""
+    Float sums reassociate this way, deterministically (as `_dots`' do), each step one fused
+    multiply-add; a row computes the same way whichever task it falls to (the rows after
+    the last whole vector of a task's rows, as a vector lane would), so the split by rows
+    does not change results."""
     b = k.b
     ft = pc.type.pointee
     vt = ir.VectorType(ft, 32 // dt.itemsize)
@@ -461,8 +476,7 @@ def _thin_n(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa: tuple, sb: t
                 for j, s in enumerate(sums):
                     bv = b.load(b.gep(pb, [b.add(b.mul(p, i64(sb[0])), i64(j * sb[1]))],
                                       inbounds=True))
-                    t = b.fmul(av, _splat(b, bv, vt), flags=FUSE)
-                    b.store(b.fadd(b.load(s), t, flags=FUSE), s)
+                    b.store(_fma(b, av, _splat(b, bv, vt), b.load(s)), s)
             k.for_range(i64(0), i64(kk), red)
             for j, s in enumerate(sums):
                 v = b.load(s)
@@ -471,13 +485,21 @@ def _thin_n(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa: tuple, sb: t
                             c_at(b.add(i0, i64(r)), j))
         whole = b.sdiv(b.sub(r1, r0), i64(w))
         k.for_range(i64(0), whole, block)
-        one = k.alloca(ft)
+        one = [k.alloca(ft) for _ in range(n)]
 
-        def row(i):     # the rows after the last whole vector of them
-            for j in range(n):
-                b.store(_dot(k, one, dt, pa, i, sa[1], pb,
-                             lambda p, j=j: b.add(b.mul(p, i64(sb[0])), i64(j * sb[1])), kk,
-                             False), c_at(i, j))
+        def row(i):     # the rows after the last whole vector of them, as one lane would be
+            for s in one:
+                b.store(const(dt, 0), s)
+
+            def red(p):
+                a = b.load(b.gep(pa, [b.add(i, b.mul(p, i64(sa[1])))], inbounds=True))
+                for j, s in enumerate(one):
+                    bv = b.load(b.gep(pb, [b.add(b.mul(p, i64(sb[0])), i64(j * sb[1]))],
+                                      inbounds=True))
+                    b.store(_fma(b, a, bv, b.load(s)), s)
+            k.for_range(i64(0), i64(kk), red)
+            for j, s in enumerate(one):
+                b.store(b.load(s), c_at(i, j))
         k.for_range(b.add(r0, b.mul(whole, i64(w))), r1, row)
         return
     # op(A)[i, p] at i * kk + p; B's column j wanted at j * kk + p
@@ -496,7 +518,7 @@ def _thin_n(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa: tuple, sb: t
             av = b.load(_vector(b, pa, b.add(arow, p), vt), align=align)
             for j, s in enumerate(sums):
                 bv = b.load(_vector(b, pb, b.add(i64(j * kk), p), vt), align=align)
-                b.store(b.fadd(b.load(s), b.fmul(av, bv, flags=FUSE), flags=FUSE), s)
+                b.store(_fma(b, av, bv, b.load(s)), s)
         k.for_range(i64(0), i64(chunks), red)
         for s, t in zip(sums, tails):
             b.store(_lanes_sum(b, b.load(s)), t)
@@ -505,7 +527,7 @@ def _thin_n(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa: tuple, sb: t
             a = b.load(b.gep(pa, [b.add(arow, p)], inbounds=True))
             for j, t in enumerate(tails):
                 bv = b.load(b.gep(pb, [b.add(i64(j * kk), p)], inbounds=True))
-                b.store(b.fadd(b.load(t), b.fmul(a, bv, flags=FUSE), flags=FUSE), t)
+                b.store(_fma(b, a, bv, b.load(t)), t)
         k.for_range(i64(chunks * w), i64(kk), rest)
         for j, t in enumerate(tails):
             b.store(b.load(t), c_at(i, j))
