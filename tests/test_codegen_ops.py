@@ -275,7 +275,7 @@ def test_products_of_few_rows_split_by_columns_equal_one_task():
 # contraction), and neighbours that keep ?gemm or the i-k-j loop: 15 rows, 17 everything,
 # a B too big to copy transposed to the stack unless stored transposed. (100, 300, 10) is
 # split into tasks of 50 rows: not whole vectors of rows
-THIN = [(128, 10, 512), (33, 7, 45), (16, 1, 40), (50, 16, 32), (128, 512, 10),
+THIN = [(128, 10, 512), (33, 7, 45), (16, 2, 40), (50, 16, 32), (128, 512, 10),
         (512, 128, 10), (37, 100, 3), (20, 16, 16), (100, 300, 10), (17, 17, 17),
         (15, 10, 512), (40, 3000, 12)]
 
