@@ -545,8 +545,9 @@ def loop_tasks(group: Group, threads: int) -> tuple[int, int, bool]:
     """(tasks, rows or columns per task, split columns?) for a generated matmul of one batch
     big enough to split: a product of a few rows (`few_rows`) by columns, the i-k-j loop of
     at least 2 * SPLIT_MIN_ROWS rows (an outer product: mlp_step's weight gradients at batch
-    1) by rows. (A row vector times B stays one task: split by columns it measured slower,
-    a (1, 300) @ (300, 1000) with its bias and tanh 31 against 22 us.)
+    1) and a thin product (`thin`) of as many by rows. (A row vector times B stays one
+    task: split by columns it measured slower, a (1, 300) @ (300, 1000) with its bias and
+    tanh 31 against 22 us.)
     Each task then writes its own block of C, and an epilogue fused into the product (the
     SGD update) reads that block while it is in cache instead of C coming back from memory:
     at batch 1 the 784x512 update took 245 us after the product as one task, 94 split, and
