@@ -243,8 +243,9 @@ FEW_ROWS = [(1, 3, 7), (2, 70, 17), (3, 5, 64), (3, 70, 31), (4, 33, 603), (1, 7
             (8, 8, 100), (7, 7, 50), (10, 10, 512)]
 
 
-def _few_rows_graph(dtype):
-    shapes = [s for m, k, n in FEW_ROWS for s in ((m, k), (k, n), (n, k), (k, m))]
+def _products_graph(dims, dtype):
+    """Each (m, k, n) of `dims` as a product in all 4 forms: A or A.T times B or B.T."""
+    shapes = [s for m, k, n in dims for s in ((m, k), (k, n), (n, k), (k, m))]
 
     def products(*xs):
         out = []
@@ -257,7 +258,8 @@ def _few_rows_graph(dtype):
 
 @pytest.mark.parametrize("dtype", [F32, F64, I64])
 def test_products_of_few_rows(dtype):
-    g, args = _few_rows_graph(dtype)    # (sums of up to 784 products: another order's error)
+    # (sums of up to 784 products: another order's error)
+    g, args = _products_graph(FEW_ROWS, dtype)
     tol = {F32: (1e-4, 1e-3), F64: (1e-11, 1e-10)}.get(dtype, (None, None))
     check(g, args, rtol=tol[0], atol=tol[1])
 
@@ -265,7 +267,7 @@ def test_products_of_few_rows(dtype):
 def test_products_of_few_rows_split_by_columns_equal_one_task():
     """Big enough, they are split across tasks by columns: each element is still summed by
     one task in one order, so the results equal a single task's bit for bit."""
-    g, args = _few_rows_graph(F32)
+    g, args = _products_graph(FEW_ROWS, F32)
     _compiled_for_two_threads_equals_one(g, args)
 
 
@@ -280,21 +282,9 @@ THIN = [(128, 10, 512), (33, 7, 45), (16, 2, 40), (50, 16, 32), (128, 512, 10),
         (15, 10, 512), (40, 3000, 12)]
 
 
-def _thin_graph(dtype):
-    shapes = [s for m, k, n in THIN for s in ((m, k), (k, n), (n, k), (k, m))]
-
-    def products(*xs):
-        out = []
-        for a, b, bt, at in zip(xs[0::4], xs[1::4], xs[2::4], xs[3::4], strict=True):
-            out += [a @ b, a @ E.transpose(bt, (1, 0)), E.transpose(at, (1, 0)) @ b,
-                    E.transpose(at, (1, 0)) @ E.transpose(bt, (1, 0))]
-        return out
-    return build(products, *[(s, dtype) for s in shapes]), [rand(s, dtype) for s in shapes]
-
-
 @pytest.mark.parametrize("dtype", [F32, F64])
 def test_thin_products(dtype):
-    g, args = _thin_graph(dtype)
+    g, args = _products_graph(THIN, dtype)
     kinds = [linalg.thin(grp) for grp in plan_graph(g).groups if grp.kind == "matmul"]
     # 4 and 5 shapes of each kind in all 4 forms, and the too-big B in the 3 needing no copy
     assert kinds.count("k") == 4 * 4 and kinds.count("n") == 5 * 4 + 3, kinds

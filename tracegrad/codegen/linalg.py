@@ -267,7 +267,6 @@ def _rows_by_k(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa0: int, sa1
     blocks = b.sdiv(b.sub(j1, j0), i64(width))
     vt = ir.VectorType(ft, w)
     accs = [[k.alloca(vt) for _ in range(u)] for _ in range(m)]
-    splat = ir.Constant(ir.VectorType(I32, w), [0] * w)
     align = dt.itemsize
     k.for_range(i64(0), i64(m), lambda i: k.for_range(j0, j1, lambda j: b.store(
         const(dt, 0), b.gep(pc, [b.add(b.mul(i, i64(n)), j)], inbounds=True))))
@@ -295,9 +294,7 @@ def _rows_by_k(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa0: int, sa1
                 for i, row in enumerate(accs):
                     a = b.load(b.gep(pa, [b.add(i64(i * sa0), b.mul(p, i64(sa1)))],
                                      inbounds=True))
-                    av = b.shuffle_vector(b.insert_element(ir.Constant(vt, ir.Undefined), a,
-                                                           ir.Constant(I32, 0)),
-                                          ir.Constant(vt, ir.Undefined), splat)
+                    av = _splat(b, a, vt)
                     for acc, bv in zip(row, bvs):
                         b.store(b.fadd(b.load(acc), b.fmul(av, bv)), acc)
             k.for_range(p0, p1, red)
