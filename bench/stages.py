@@ -103,7 +103,8 @@ def main() -> None:
     for _ in range(30):
         step(params, x, y)
     n = len(STEPS)
-    # ticks per second: two steps' first ticks, perf_counter around them
+    # ticks per second: the first ticks of two steps 0.3 s apart, against perf_counter from
+    # the end of the first to the end of the second (off by a step's length in 0.3 s: <1%)
     step(params, x, y)
     c0, t0 = int(TICKS[0]), time.perf_counter()
     time.sleep(0.3)
