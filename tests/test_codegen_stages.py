@@ -54,7 +54,7 @@ def sgd_graph(batch, d_in, d_hid, d_out):
                        ((d_hid, d_out), F32), ((d_out,), F32))
 
 
-def test_independent_matmuls_share_a_stage_and_updates_are_epilogues():
+def test_independent_matmuls_share_a_stage_and_updates_are_accumulated():
     plan = plan_graph(sgd_graph(128, 300, 256, 200))
     mm = [i for i, g in enumerate(plan.groups) if g.kind == "matmul"]
     shapes = {i: plan.groups[i].domain for i in mm}

@@ -272,6 +272,46 @@ def test_updates_write_in_place_only_where_nothing_else_reads_the_array(name, fn
     assert _writes_in_place(prog) == n_in_place, [s[0] for s in prog.steps]
 
 
+def test_renewed_program_decides_in_place_again():
+    """Program.renewed (ir.template's new lengths) makes some steps again: a slice's step
+    made again is a view, so in_place must run again, or the update writing into the array
+    the slice reads would change the slice (it read [0, 0, 0, 0] here)."""
+    from tracegrad.ir import emit as E
+    from tracegrad.ir.interpret import restep
+    row = ((2, 3, 1), (0, 4, 1))
+
+    def f(a, v):
+        x = E.update_slice(a, v, ((0, 1, 1), (0, 4, 1)))
+        s = E.slice_(x, row)
+        return E.update_slice(x, E.zeros_like(s), row), s
+    a = np.arange(12.0).reshape(3, 4)
+    v = np.full((1, 4), -1.0)
+    graph = tg.make_ir(f)(a, v)
+    prog = ir.program(graph)
+    assert _writes_in_place(prog) == 1
+    at = next(i for i, e in enumerate(graph.eqns) if e.op == "slice")
+    e = graph.eqns[at]
+    renewed = prog.renewed(graph, {}, (), {at: restep(e, None, e.params, None)})
+    want = ir.interpret(graph, [a, v])
+    for p in (prog, renewed):
+        _same(p([a, v]), want, "renewed")
+    assert _writes_in_place(renewed) == 1
+
+
+def test_an_update_returned_is_not_copied_again():
+    """A copying update_slice step makes a new array: returned as it is, not copied."""
+    from tracegrad.ir import emit as E
+    from tracegrad.ir.interpret import makes_new
+    a = np.arange(12.0).reshape(3, 4)
+    v = np.full((1, 4), -1.0)
+    prog = ir.program(tg.make_ir(lambda a, v: E.update_slice(a, v, ((1, 2, 1), (0, 4, 1))))(a, v))
+    (step,) = [s for s in prog.steps if s[2] == prog.outs[0]]
+    assert makes_new(step[0])
+    out = prog([a, v])[0]
+    assert not np.shares_memory(out, a)
+    np.testing.assert_array_equal(out[1], v[0])
+
+
 def _random_update_graph(seed: int):
     """A random mix of updates, views (rows, reshapes, transposes) and arithmetic on (4, 5)
     arrays and their (1, 5) rows: the aliasing in_place has to get right."""

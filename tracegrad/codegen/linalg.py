@@ -110,9 +110,10 @@ def few_rows(group: Group) -> str | None:
 
 def thin(group: Group) -> str | None:
     """"k" (`_thin_k`) for a float product of at least THIN_MIN_ROWS rows whose contraction is
-    at most THIN long, "n" (`_thin_n`) for one at most THIN columns wide, which generated
-    loops run faster than ?gemm (see the module docstring); else None. A B that would need
-    a packed copy bigger than THIN_PACK bytes keeps ?gemm."""
+    2 to THIN long and that is at least 2 * THIN columns wide, "n" (`_thin_n`) for one at
+    most THIN columns wide with a contraction of at least THIN, which generated loops run
+    faster than ?gemm (see the module docstring); else None. A B that would need a packed
+    copy bigger than THIN_PACK bytes keeps ?gemm."""
     batch, m, kk, n = gemm_dims(group)
     dt = group.eqns[0].out.aval.dtype
     if batch != 1 or not is_float(dt) or m < THIN_MIN_ROWS:    # (so not `few_rows`)
@@ -737,7 +738,7 @@ def emit_update(k: Kernel, e, steps: tuple) -> None:
     element i of v (row-major) goes `sum(i_d * steps[d])` elements past it. v may be a
     literal."""
     b = k.b
-    x, v = e.inputs
+    v = e.inputs[1]
     dt, sub = e.out.aval.dtype, v.aval.shape
     po = k.ptrs[e.out.id]
     pv = k.ptrs.get(v.id) if isinstance(v, Var) else None

@@ -487,12 +487,12 @@ class _Lowering:
                 emit_matmul(k, group, blas, gsplit, self.blas_int_bits)
             self.layout_blas = self.layout_blas or blas
             return [(k.finish(), gsplit[0])]
-        reads = [a.id for e in group.eqns for a in e.inputs
-                 if isinstance(a, Var) and a.id not in produced]
         if group.kind == "update":
             return self.lower_update(name, group.eqns[0])
         if group.kind == "scan":
             return self.lower_scan(name, group)
+        reads = [a.id for e in group.eqns for a in e.inputs
+                 if isinstance(a, Var) and a.id not in produced]
         if group.kind == "scatter_add":
             k = self.kernel(name, reads + [group.eqns[0].out.id], group)
             if k.fresh:

@@ -488,7 +488,8 @@ def plan_graph(graph: Graph, body: bool = False) -> Plan:
 
 def native_loop(e: Eqn) -> bool:
     """Whether scan `e` runs as a loop in native code rather than unrolled (see
-    UNROLL_MAX_EQNS). A body holding constants is unrolled (they join the graph's)."""
+    UNROLL_MAX_EQNS). A body holding constants is not (its unrolled constants would join the
+    graph's, which plan_graph refuses: ir.optimize moves them out first)."""
     return _loops(e.params["length"], e.params["body"])
 
 

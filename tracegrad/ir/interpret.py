@@ -100,6 +100,7 @@ def _updater(idx: tuple) -> Callable:
         out[idx] = v
         return out
     update.index = idx
+    update.fresh = True     # (a new array: see makes_new)
     global _updates
     _updates = True
     return update
@@ -382,8 +383,8 @@ def restep(e: Any, fn: Callable, params: dict, in_shapes: list | None) -> Callab
 
 class Program:
     """`graph` prepared for repeated interpretation (bit-identical to `interpret`)."""
-    __slots__ = ("graph", "init", "steps", "outs", "in_avals", "n_in", "made", "out_steps",
-                 "in_sig")
+    __slots__ = ("graph", "init", "steps", "plain", "outs", "in_avals", "n_in", "made",
+                 "out_steps", "in_sig")
 
     def __init__(self, graph: Graph):
         self.graph = graph
@@ -430,6 +431,7 @@ class Program:
         self.init = init
         self.made = made
         self.outs = [slot_of(a) for a in graph.outvars]
+        self.plain = steps      # (before in_place: what `renewed` starts from)
         self.steps = steps = in_place(steps, self.outs)
         self.in_avals = [(v.aval.shape, v.aval.dtype) for v in graph.invars]
         self.in_sig = [(np.ndarray, *t) for t in self.in_avals]     # see __call__
@@ -469,7 +471,10 @@ class Program:
         new = object.__new__(Program)
         new.graph = graph
         new.init = init = list(self.init)
-        new.steps = steps = list(self.steps)
+        # from the steps before in_place, which runs again on the new ones: a step made
+        # again (a slice's view, a copying update) must not undo what it decided, nor leave
+        # an update writing into an array a remade view still reads
+        new.plain = steps = list(self.plain)
         new.made = None
         new.outs, new.in_avals, new.n_in = self.outs, self.in_avals, self.n_in
         new.in_sig = self.in_sig
@@ -498,6 +503,7 @@ class Program:
             fn, ins, out, n = steps[k]
             init.append(value)
             steps[k] = (fn, ins[:i] + (len(init) - 1,) + ins[i + 1:], out, n)
+        new.steps = in_place(steps, new.outs)
         return new
 
     def __call__(self, args: Sequence[Any]) -> list[np.ndarray]:
@@ -532,7 +538,7 @@ class Program:
         finally:
             errors_back(token)
         steps = self.steps
-        return [env[k] if j >= 0 and steps[j][0] in _FRESH else np.array(env[k])
+        return [env[k] if j >= 0 and makes_new(steps[j][0]) else np.array(env[k])
                 for k, j in zip(self.outs, self.out_steps)]
 
 
@@ -544,6 +550,12 @@ _signature = operator.attrgetter("__class__", "shape", "dtype")
 # `concatenation` adds its functions
 _FRESH = {*_UFUNC.values(), *_FLOAT_ONLY.values(), np.matmul, _dot, _outer}
 _CONCATENATIONS: dict[int, Callable] = {}   # axis -> step function
+
+
+def makes_new(fn: Callable) -> bool:
+    """Whether step function `fn` always returns a new array: one of _FRESH's, or a copying
+    update_slice step (made per index, so marked rather than kept in _FRESH)."""
+    return fn in _FRESH or getattr(fn, "fresh", False)
 
 
 def concatenation(axis: int) -> Callable:

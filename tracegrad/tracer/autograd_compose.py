@@ -35,8 +35,9 @@ _brecipes: dict = {}    # (template sig id, inputs needing grad, outputs with ct
 _synthetic: dict = {}   # (op, input avals, params) -> (step fn, equation describing it)
 TEMPLATE_LIMIT = 4096
 _CREATE = ("full", "iota")
-# step functions that always return a new array (any other output is copied when returned)
-_FRESH = _interp._FRESH
+# whether a step function always returns a new array (any other output is copied when
+# returned)
+_makes_new = _interp.makes_new
 
 
 class NoTemplate(Exception):
@@ -781,7 +782,7 @@ def _fresh(steps: list, k: int) -> bool:
     if i == len(steps):
         return False
     fn, _, out, n = steps[i]
-    return out == k and n >= 0 and fn in _FRESH
+    return out == k and n >= 0 and _makes_new(fn)
 
 
 def compose_graph(order: list, in_vars: list, in_gsrc: list, roots: list) -> tuple:

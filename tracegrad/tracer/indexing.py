@@ -199,13 +199,13 @@ class _At:
     def add(self, v: Any) -> Any:
         axis = self._array_axis()
         if axis is not None:
-            return self._scatter(v, axis)
+            return self._scatter(v, axis, "at[].add")
         return update(self.x, self.index, v, E.add, "at[].add")
 
     def subtract(self, v: Any) -> Any:
         axis = self._array_axis()
         if axis is not None:
-            return self._scatter(-E.asdtype(v, E.dtype_of(self.x)), axis)
+            return self._scatter(-E.asdtype(v, E.dtype_of(self.x)), axis, "at[].subtract")
         return update(self.x, self.index, v, E.sub, "at[].subtract")
 
     def multiply(self, v: Any) -> Any:
@@ -232,7 +232,7 @@ class _At:
             return None
         return arrays[0]
 
-    def _scatter(self, v: Any, axis: int) -> Any:
+    def _scatter(self, v: Any, axis: int, what: str) -> Any:
         x = self.x
         shape = tuple(E.shape_of(x))
         idx = _expand(self.index, len(shape))[axis]
@@ -240,10 +240,10 @@ class _At:
         n = shape[axis]
         if isinstance(idx, np.ndarray):
             if idx.dtype == np.bool_ or not np.issubdtype(idx.dtype, np.integer):
-                raise IndexError(f"at[].add: index arrays must be integers, got {idx.dtype}")
+                raise IndexError(f"{what}: index arrays must be integers, got {idx.dtype}")
             bad = idx[(idx < -n) | (idx >= n)]
             if bad.size:
-                raise IndexError(f"at[].add: index {int(bad[0])} is out of bounds for "
+                raise IndexError(f"{what}: index {int(bad[0])} is out of bounds for "
                                  f"axis {axis} with size {n}")
         target = shape[:axis] + tuple(E.shape_of(idx)) + shape[axis + 1:]
         v = E.broadcast_to(E.asdtype(v, E.dtype_of(x)), target)
