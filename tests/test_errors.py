@@ -93,6 +93,26 @@ def test_shape_problems_without_a_primitive_are_value_errors():
         tg.jit(lambda x: x[0, 0, 0])(A)
 
 
+def test_index_errors_name_the_bad_index_and_the_users_line():
+    t = tg.tensor(np.arange(6.0).reshape(3, 2))
+    cases = [   # (fn, its line here, message): a too-negative one is named, not the largest
+        (lambda x: x[np.array([-5, 1])], here(), r"indexing: index -5 is out of bounds for "
+         r"axis 0 with size 3"),
+        (lambda x: x[:, 7], here(), r"indexing: index 7 is out of bounds for axis 1 with "
+         r"size 2"),
+        (lambda x: x[np.array([0.5])], here(), r"indexing: index arrays must be integers, "
+         r"got float64"),
+    ]
+    for fn, line, message in cases:
+        for run, x in ((tg.jit(fn), t.numpy()), (fn, t)):   # traced, and a Tensor's indexing
+            with pytest.raises(IndexError, match=f"{message} \\(at {line}\\)"):
+                run(x)
+    with pytest.raises(IndexError, match=r"at\[\]\.add: index -4 is out of bounds for axis 0 "
+                       rf"with size 3 \(at {here(1)}\)"):
+        tg.jit(lambda x: x.at[np.array([1, -4])].add(1.0))(t.numpy())
+    assert tg.jit(lambda x: x[np.array([-1, 0])])(t.numpy()).tolist() == [[4, 5], [0, 1]]
+
+
 def test_dtype_errors_are_type_errors():
     with pytest.raises(TypeError, match="take: indices must be integers, got float64"):
         tg.take(A, np.array([0.5]))

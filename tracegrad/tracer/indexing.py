@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..ir import emit as E
-from ..ir.builder import Traced, bind_traced, params_token
+from ..ir.builder import Traced, bind_traced, params_token, user_source
 from ..ir.core import remember
 from .dispatch import op
 
@@ -16,6 +16,39 @@ from .dispatch import op
 def _is_array_index(i: Any) -> bool:
     return isinstance(i, (Traced, np.ndarray, list)) or (
         hasattr(i, "__tg_function__") and not isinstance(i, (int, slice)))
+
+
+def _at_user() -> str:
+    src = user_source()
+    return f" (at {src})" if src else ""
+
+
+def _int_item(i: int, n: int, axis: int, what: str) -> int:
+    """An int index `i` into an axis of size `n`, from 0 (IndexError if out of range)."""
+    if not -n <= i < n:
+        raise IndexError(f"{what}: index {i} is out of bounds for axis {axis} with size {n}"
+                         + _at_user())
+    return i % n
+
+
+def _index_array(idx: Any, n: int, axis: int, what: str) -> Any:
+    """An index array into an axis of size `n`: a traced one as it is, a concrete one checked
+    (integers, each in range: IndexError naming the first that is not) and counted from 0."""
+    if not isinstance(idx, Traced):
+        idx = np.asarray(idx)
+    if E.dtype_of(idx) == np.bool_:
+        raise IndexError(f"{what}: boolean mask indexing has a data-dependent shape; use "
+                         "tg.where(mask, x, 0) instead" + _at_user())
+    if isinstance(idx, Traced):
+        return idx
+    if not np.issubdtype(idx.dtype, np.integer):
+        raise IndexError(f"{what}: index arrays must be integers, got {idx.dtype}"
+                         + _at_user())
+    bad = idx[(idx < -n) | (idx >= n)]
+    if bad.size:
+        raise IndexError(f"{what}: index {int(bad[0])} is out of bounds for axis {axis} "
+                         f"with size {n}" + _at_user())
+    return np.where(idx < 0, idx + n, idx) if idx.size and idx.min() < 0 else idx
 
 
 def _expand(index: Any, ndim: int) -> list[Any]:
@@ -53,9 +86,7 @@ def int_index(x: Traced, index: int) -> Any:
     params = _INT_INDEX.get((shape, index))
     if params is None:
         n = shape[0]
-        if not -n <= index < n:
-            raise IndexError(f"index {index} is out of bounds for axis 0 with size {n}")
-        i = index % n
+        i = _int_item(index, n, 0, "indexing")
         cut = ({"index": ((i, i + 1, 1),) + tuple((0, d, 1) for d in shape[1:])}
                if n != 1 else None)
         params = remember(_INT_INDEX, (shape, index),
@@ -83,10 +114,7 @@ def getitem(x: Any, index: Any) -> Any:
         if isinstance(item, (bool, np.bool_)):
             raise IndexError("boolean scalar indices are not supported")
         if isinstance(item, (int, np.integer)):
-            i = int(item)
-            if not -n <= i < n:
-                raise IndexError(f"index {i} is out of bounds for axis {dim} with size {n}")
-            i %= n
+            i = _int_item(int(item), n, dim, "indexing")
             slices.append((i, i + 1, 1))
         elif isinstance(item, slice):
             start, stop, step = item.indices(n)
@@ -96,12 +124,8 @@ def getitem(x: Any, index: Any) -> Any:
             if advanced is not None:
                 raise NotImplementedError("indexing with more than one integer array is not "
                                           "supported; use tg.take along one axis at a time")
-            idx = item if isinstance(item, Traced) else np.asarray(item)
-            if E.dtype_of(idx) == np.bool_:
-                raise IndexError("boolean mask indexing has a data-dependent shape; use "
-                                 "tg.where(mask, x, 0) instead")
             slices.append((0, n, 1))
-            advanced = (len(out_shape), idx)
+            advanced = (len(out_shape), _index_array(item, n, dim, "indexing"))
             out_shape.append(n)
         else:
             raise IndexError(f"unsupported index {item!r} of type {type(item).__name__}")
@@ -118,14 +142,7 @@ def getitem(x: Any, index: Any) -> Any:
         y = E.slice_(y, slices)
     y = E.reshape(y, out_shape)
     if advanced is not None:
-        axis, idx = advanced
-        if isinstance(idx, np.ndarray) and idx.size:
-            n = out_shape[axis]
-            if idx.min() < -n or idx.max() >= n:
-                raise IndexError(f"index {int(idx.max())} is out of bounds for axis {axis} "
-                                 f"with size {n}")
-            idx = np.where(idx < 0, idx + n, idx)
-        y = E.take(y, idx, axis)
+        y = E.take(y, advanced[1], advanced[0])
     return y
 
 
@@ -146,11 +163,8 @@ def _basic_slices(shape: tuple, index: Any, what: str) -> tuple[list, list, list
             sub.append(len(range(*s)))
             target.append(len(range(*s)))
         elif isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)):
-            i = int(item)
-            if not -n <= i < n:
-                raise IndexError(f"{what}: index {i} is out of bounds for axis {dim} with "
-                                 f"size {n}")
-            slices.append((i % n, i % n + 1, 1))
+            i = _int_item(int(item), n, dim, what)
+            slices.append((i, i + 1, 1))
             sub.append(1)
         else:
             raise NotImplementedError(
@@ -235,16 +249,8 @@ class _At:
     def _scatter(self, v: Any, axis: int, what: str) -> Any:
         x = self.x
         shape = tuple(E.shape_of(x))
-        idx = _expand(self.index, len(shape))[axis]
-        idx = idx if isinstance(idx, Traced) else np.asarray(idx)
         n = shape[axis]
-        if isinstance(idx, np.ndarray):
-            if idx.dtype == np.bool_ or not np.issubdtype(idx.dtype, np.integer):
-                raise IndexError(f"{what}: index arrays must be integers, got {idx.dtype}")
-            bad = idx[(idx < -n) | (idx >= n)]
-            if bad.size:
-                raise IndexError(f"{what}: index {int(bad[0])} is out of bounds for "
-                                 f"axis {axis} with size {n}")
+        idx = _index_array(_expand(self.index, len(shape))[axis], n, axis, what)
         target = shape[:axis] + tuple(E.shape_of(idx)) + shape[axis + 1:]
         v = E.broadcast_to(E.asdtype(v, E.dtype_of(x)), target)
         return x + E.scatter_add(v, idx, axis, n)
