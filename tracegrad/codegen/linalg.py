@@ -201,8 +201,8 @@ def _generated(k: Kernel, group: Group, pa, pb, pc, rows: tuple, cols: tuple) ->
     sb0, sb1 = (1, kk) if tb else (n, 1)
     shape = thin(group)
     if shape is not None:   # (split by rows only)
-        (_thin_k if shape == "k" else _thin_n)(k, dt, pa, pb, pc, m, kk, n,
-                                               (sa0, sa1), (sb0, sb1), rows)
+        (_thin_k if shape == "k" else _thin_n)(k, dt, pa, pb, pc, kk, n, (sa0, sa1),
+                                               (sb0, sb1), rows)
         return
     kind = few_rows(group)
     if kind is not None:    # (split by columns only)
@@ -384,7 +384,7 @@ def _packed(k: Kernel, src, rows: int, cols: int, strides: tuple[int, int]) -> i
     return dst
 
 
-def _thin_k(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa: tuple, sb: tuple,
+def _thin_k(k: Kernel, dt, pa, pb, pc, kk: int, n: int, sa: tuple, sb: tuple,
             rows: tuple) -> None:
     """Rows `rows` of C = op(A) op(B) for a contraction of at most THIN: blocks of THIN_R rows
     by THIN_U vector registers of columns, each summed in registers over the whole (unrolled)
@@ -441,7 +441,7 @@ def _thin_k(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa: tuple, sb: t
     k.for_range(b.add(r0, b.mul(whole, i64(THIN_R))), r1, lambda i: rows_from(i, 1))
 
 
-def _thin_n(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa: tuple, sb: tuple,
+def _thin_n(k: Kernel, dt, pa, pb, pc, kk: int, n: int, sa: tuple, sb: tuple,
             rows: tuple) -> None:
     """Rows `rows` of C = op(A) op(B) for a product at most THIN columns wide, all n sums of
     a row (or of a vector of rows) in registers at once:
@@ -465,7 +465,7 @@ def _thin_n(k: Kernel, dt, pa, pb, pc, m: int, kk: int, n: int, sa: tuple, sb: t
     def c_at(i, j: int):
         return b.gep(pc, [b.add(b.mul(i, i64(n)), i64(j))], inbounds=True)
 
-    if sa[0] == 1 and sa[1] != 1:      # op(A)[i, p] at i + p * m
+    if sa[0] == 1 and sa[1] != 1:      # op(A)[i, p] at i + p * (A's rows)
         def block(q):
             i0 = b.add(r0, b.mul(q, i64(w)))
             for s in sums:

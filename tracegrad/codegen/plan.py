@@ -222,7 +222,7 @@ class _Planner:
             made = self.group_of.get(id(self.producers[x.id]))
             readers = {id(g): g for r in self.uses.get(x.id, ()) if r is not e
                        for g in [self.group_of.get(id(r))] if g is not None and g is not made}
-            if any(g is u or g.members & u.desc for g in readers.values()):
+            if any(g.members & u.desc for g in readers.values()):
                 continue
             self.in_place[x.id] = e.out.id
             deps[id(u)].update(readers)
