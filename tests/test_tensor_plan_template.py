@@ -165,3 +165,36 @@ def test_the_alignment_refuses_plans_that_differ_other_than_in_runs():
         (14, 5, -4, 2, 1), (4, 1))
     with pytest.raises(autograd_template._Refused):
         autograd_template._operands((1, 2, 4), (1, 2, 4, 9, 30), 2)
+
+
+def _chained(T):
+    """Two states, one summing the other's products: the gradient of h sums a chain of adds
+    whose first add (of two products) is unlike the rest (a sum and a product)."""
+    rng = np.random.default_rng(0)
+    W, U, V = (tg.tensor(rng.standard_normal(s) * 0.3, requires_grad=True)
+               for s in ((3, 3), (2, 3), (3, 3)))
+    b, c = (tg.tensor(rng.standard_normal(3) * 0.5, requires_grad=True) for _ in range(2))
+    h = tg.zeros(3, 3, dtype=tg.float64) + b
+    acc = tg.zeros(3, 3, dtype=tg.float64)
+    for t in range(T):
+        xe = tg.tensor(XS[t, :, :2].astype(np.float64).repeat(2, 0)[:3]) @ U + c
+        acc = acc + h @ W
+        h = h + xe @ V
+    (h.sum() + acc.sum()).backward()
+    return [p.grad.numpy().tolist() for p in (W, U, V, b, c)]
+
+
+def test_a_run_whose_stride_two_blocks_give_is_not_extrapolated(fresh, monkeypatch):
+    """Lengths 4 and 5 leave that chain one and two blocks long past its odd first block:
+    a stride from two blocks fits any line (it wrote the wrong slots at every even length,
+    reading a product where the chain's sum was)."""
+    lengths = [4, 5, 6, 7, 8, 9, 10]
+    monkeypatch.setattr(autograd_template, "check", True)   # compose all, compare each
+    composed = {T: _chained(T) for T in lengths}
+    monkeypatch.setattr(autograd_template, "check", False)
+    autograd_exec._tape_plans.items.clear()
+    autograd_template._forms.clear()
+    autograd_template._shapes.clear()
+    for T in lengths:
+        assert _chained(T) == composed[T]
+    assert len(fresh) == len(lengths) + 2       # still a template, from the first two

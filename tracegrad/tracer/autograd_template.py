@@ -599,8 +599,12 @@ def _block_ints(steps: list, at: int, m: int) -> list:
 
 def _strides(blocks_a: list, blocks_b: list, d: int) -> tuple | None:
     """(base as (b, a) per integer, stride per integer) when every integer of block k is
-    base + k * stride in both lists of blocks, its base linear in the count; else None."""
-    if not blocks_a or len(blocks_b) < 2 or (len(blocks_b) - len(blocks_a)) % d:
+    base + k * stride in both lists of blocks, its base linear in the count; else None.
+    The stride must be seen twice (three blocks at the larger count): taken from two blocks
+    alone it fits anything, e.g. a chain of adds whose first block is unlike the rest, cut
+    as one block at n1 and two at n2 with the later ones fixed, which writes wrong slots at
+    every other count."""
+    if not blocks_a or len(blocks_b) < 3 or (len(blocks_b) - len(blocks_a)) % d:
         return None
     first_a, first_b = blocks_a[0], blocks_b[0]
     stride = [y - x for x, y in zip(first_b, blocks_b[1])]
