@@ -76,24 +76,24 @@ def test_a_template_writes_what_compose_makes(fresh, monkeypatch, kind):
     autograd_template._forms.clear()
     for T in LENGTHS:
         assert _bits(_rnn(T, kind)) == composed[T]
-    assert len(fresh) == len(LENGTHS) + 2 + 2   # two to learn from, two below them
+    assert len(fresh) == len(LENGTHS) + 3 + 2   # three to learn from, two below them
 
 
 def test_lengths_not_seen_before_are_written_not_composed(fresh):
     composed = {}
-    for T in LENGTHS[:2]:
+    for T in LENGTHS[:3]:   # two to derive the template from, a third to check it
         composed[T] = _bits(_rnn(T))
-    assert len(fresh) == 2
-    for T in LENGTHS[2:12]:
+    assert len(fresh) == 3
+    for T in LENGTHS[3:12]:
         grads = _bits(_rnn(T))
         assert grads == _bits(_rnn(T))      # (now from _tape_plans)
-    assert len(fresh) == 2
+    assert len(fresh) == 3
     autograd_exec._tape_plans.items.clear()
     autograd_template._forms.clear()
-    for T in LENGTHS[2:12]:     # the same bits as composed plans
+    for T in LENGTHS[3:12]:     # the same bits as composed plans
         composed[T] = _bits(_rnn(T))
     autograd_exec._tape_plans.items.clear()
-    for T in LENGTHS[:2] + LENGTHS[2:12]:
+    for T in LENGTHS[:12]:
         assert _bits(_rnn(T)) == composed[T]
 
 
@@ -103,13 +103,16 @@ def test_a_length_below_the_two_it_was_made_from_is_composed(fresh):
     assert len(fresh) == 2
     _rnn(5)
     assert len(fresh) == 3
-    _rnn(9)
-    assert len(fresh) == 3
+    _rnn(9)                 # (the check)
+    assert len(fresh) == 4
+    _rnn(10)
+    assert len(fresh) == 4
 
 
 def test_a_written_plan_computes_what_its_ir_graph_does(fresh):
     _rnn(6)
     _rnn(9)
+    _rnn(7)
     W = tg.tensor(W0, requires_grad=True)
     U = tg.tensor(U0, requires_grad=True)
     h = tg.zeros(2, H)
@@ -197,4 +200,31 @@ def test_a_run_whose_stride_two_blocks_give_is_not_extrapolated(fresh, monkeypat
     autograd_template._shapes.clear()
     for T in lengths:
         assert _chained(T) == composed[T]
-    assert len(fresh) == len(lengths) + 2       # still a template, from the first two
+    assert len(fresh) == len(lengths) + 3       # still a template, from the first two
+
+
+def test_a_template_a_third_count_contradicts_is_dropped(fresh, monkeypatch):
+    """The check at a third count: with strides taken from two blocks again (the bug above),
+    lengths 4 and 5 give a wrong template; length 6's composed plan differs from it, so it
+    is dropped, nothing is written from it, and every length is composed."""
+    lengths = [4, 5, 6, 7, 8, 9, 10]
+    composed = {T: _chained(T) for T in lengths}
+    monkeypatch.setattr(autograd_template, "STRIDE_BLOCKS", 2)
+    monkeypatch.setattr(autograd_template, "check", True)
+    autograd_exec._tape_plans.items.clear()
+    autograd_template._forms.clear()
+    autograd_template._shapes.clear()
+    for T in (4, 5):
+        _chained(T)
+    with pytest.raises(AssertionError, match="differs from compose at n=5"):
+        _chained(6)     # (a wrong template: check mode says so)
+    monkeypatch.setattr(autograd_template, "check", False)
+    mode.state.clear_tape()     # (T = 6's, left by the error)
+    autograd_exec._tape_plans.items.clear()
+    autograd_template._forms.clear()
+    autograd_template._shapes.clear()
+    del fresh[:]
+    for T in lengths:
+        assert _chained(T) == composed[T]
+    assert len(fresh) == len(lengths)
+    assert all(entry[1] is None for entry in autograd_template._forms.values())

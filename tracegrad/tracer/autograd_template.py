@@ -13,8 +13,11 @@ that differs, a template that does not give back the second plan. For another le
 n >= n1 of the form, `Template.plan` writes the plan step for step as compose would (the
 same functions over the same slots, so the same bits), the composer's own concatenations,
 transposes and products made again by autograd_compose._synth at their new types. That
-compose makes plans alike at lengths beyond n2 is what a template assumes; `check` composes
-anyway and compares (the tests run it over loop programs at many lengths). Not templated: a
+compose makes plans alike at lengths beyond n2 is what a template assumes, and two counts fit
+a line whatever they are, so a template writes nothing until the plan composed at a third
+count n >= n1 is what it writes there (as jit's loop templates are checked); one that is not
+is dropped, and the form's plans are composed from then on. `check` composes at every count
+and compares (the tests run it over loop programs at many lengths). Not templated: a
 step reading a value made before the loop (its reference in the key grows with the step),
 a plan whose walk order is not the tape's, a second leaf of one variable.
 
@@ -37,6 +40,11 @@ NEW, NEW_WRT, NEW_OWN = -1 << 50, -(1 << 50) - 1, -(1 << 50) - 2
 MIN_REPS = 3        # a form's block repeats at least this often
 PREFIX = 256        # entries of a key before its block, at most
 ATTEMPTS = 2        # derivations tried per form before it is left to compose
+# blocks of a run at the larger count, at least: its stride seen twice. Taken from two blocks
+# a stride fits anything, e.g. a chain of adds whose first block is unlike the rest, cut as
+# one block at n1 and two at n2 with the later ones fixed (it wrote wrong slots at every
+# other count)
+STRIDE_BLOCKS = 3
 FORMS = 256         # forms remembered (their samples and templates)
 check = False       # compose anyway and compare with the template (tests, debugging)
 
@@ -48,7 +56,7 @@ class _Refused(Exception):
 class Template:
     """The plans of one tape form at every count n >= lo (see the module docstring)."""
     __slots__ = ("n0", "lo", "segs", "n_slots", "n_in", "consts", "outs", "extra", "recipe",
-                 "dots")
+                 "dots", "counts", "checked")
 
     def plan(self, n: int, tape: list, root: Any) -> tuple:
         """(plan, the inputs with gradients, where each input is on `tape`) for count n: what
@@ -259,7 +267,7 @@ def plan_for(key: tuple, tape: list, root: Any) -> tuple | None:
             continue
         n = middle // p
         t = entry[1]
-        if n < t.lo or key[plen:size - slen] != block * n:
+        if not t.checked or n < t.lo or key[plen:size - slen] != block * n:
             continue
         return t.plan(n, tape, root)
     return None
@@ -267,8 +275,9 @@ def plan_for(key: tuple, tape: list, root: Any) -> tuple | None:
 
 def learn(key: tuple, tape: list, root: Any, recipe: tuple) -> None:
     """File the plan just composed for a tape of `key` (recipe: as _tape_plans holds it) as a
-    sample of its form; with a sample of another length, derive the form's template. (With
-    `check`, compare it with what the template writes instead.)"""
+    sample of its form; with a sample of another length, derive the form's template; with
+    one of a third length, check it (keep it for good or drop it). (With `check`, compare
+    every later one with what the template writes.)"""
     if recipe[2] is not None or recipe[0].plan is None or NEW_OWN in key:
         return
     found = find_form(key)
@@ -283,11 +292,16 @@ def learn(key: tuple, tape: list, root: Any, recipe: tuple) -> None:
         entry = _forms[form] = [None, None, 0]
     t = entry[1]
     if t is not None:
-        if check and n >= t.lo:
+        if (check or not t.checked) and n >= t.lo and n not in t.counts:
             sample = _sample(n, len(tape), recipe)
             made = t.plan(n, tape, root)
             if sample is None or not _same_parts(_parts(*made), sample[2]):
-                raise AssertionError(f"a plan template differs from compose at n={n}")
+                if check:
+                    raise AssertionError(f"a plan template differs from compose at n={n}")
+                entry[1] = None
+                entry[2] = ATTEMPTS      # (given up: compose every length of this form)
+                return
+            t.checked = True
         return
     sample = (n, len(tape), recipe)
     old = entry[0]
@@ -355,6 +369,8 @@ def derive(form: tuple, a: tuple, b: tuple) -> Template:
     sb, mb, slots_b, in_b, consts_b, outs_b, extra_b, _ = b[2]
     t = Template()
     t.n0 = t.lo = n1
+    t.counts = (n1, n2)
+    t.checked = False
     t.n_slots = _affine(slots_a, slots_b, d)
     t.n_in = _affine(in_a, in_b, d)
     if len(consts_a) != len(consts_b) or len(outs_a) != len(outs_b) or \
@@ -600,11 +616,8 @@ def _block_ints(steps: list, at: int, m: int) -> list:
 def _strides(blocks_a: list, blocks_b: list, d: int) -> tuple | None:
     """(base as (b, a) per integer, stride per integer) when every integer of block k is
     base + k * stride in both lists of blocks, its base linear in the count; else None.
-    The stride must be seen twice (three blocks at the larger count): taken from two blocks
-    alone it fits anything, e.g. a chain of adds whose first block is unlike the rest, cut
-    as one block at n1 and two at n2 with the later ones fixed, which writes wrong slots at
-    every other count."""
-    if not blocks_a or len(blocks_b) < 3 or (len(blocks_b) - len(blocks_a)) % d:
+    The stride must be seen twice (STRIDE_BLOCKS)."""
+    if not blocks_a or len(blocks_b) < STRIDE_BLOCKS or (len(blocks_b) - len(blocks_a)) % d:
         return None
     first_a, first_b = blocks_a[0], blocks_b[0]
     stride = [y - x for x, y in zip(first_b, blocks_b[1])]
