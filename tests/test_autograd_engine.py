@@ -417,3 +417,21 @@ def test_graph_caches_drop_the_least_recently_used():
     assert [cache.get(k) for k in "acd"] == ["A", "C", "D"]
     cache.put("e", "E")                 # a, c, d just used in that order: a goes
     assert cache.get("a") is None and sorted(cache.values()) == ["C", "D", "E"]
+
+
+def test_a_leaf_read_only_by_a_comparison_gets_no_grad():
+    """As torch: `w` reaches the loss only through `a @ w > 0`, which has no gradient, so its
+    .grad stays None (a zero would make optimizers with momentum or weight decay move it) and
+    autograd.grad gives None with allow_unused; `a`'s own gradient is unchanged. (The
+    comparison's value is pending at backward, so the one-graph walk goes into it.)"""
+    w = tg.tensor(np.ones((2, 2)), requires_grad=True)
+    a = tg.tensor(np.array([[1.0, -3.0]]), requires_grad=True)
+    tg.where((a @ w) > 0, a, a * 2).sum().backward()
+    assert w.grad is None
+    assert a.grad.numpy().tolist() == [[2.0, 2.0]]      # a @ w = [[-2, -2]]: the 2 * a side
+    ga, gw = tg.autograd.grad(tg.where((a @ w) < 0, a, a * 2).sum(), [a, w],
+                              allow_unused=True)
+    assert gw is None and ga.numpy().tolist() == [[1.0, 1.0]]
+    b = tg.tensor(np.ones((2, 2)), requires_grad=True)     # read both ways: a gradient
+    (tg.where((a @ b) > 0, a, a * 2) * b[0]).sum().backward()
+    assert b.grad.numpy().tolist() == [[2.0, -6.0], [0.0, 0.0]]

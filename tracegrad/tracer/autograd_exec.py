@@ -69,6 +69,30 @@ class Walk:
         return k
 
 
+def _drop_unreached(w: Walk, roots: list[Node]) -> None:
+    """Read as plain inputs the leaves of a walk that no gradient edge reaches: the general
+    walk goes into a pending value's node whatever reads it, and a leaf read only by what
+    has no gradient (a comparison's operands: `where(a @ w > 0, a, 0)`'s w) would get a
+    zero .grad, where torch leaves it None (its optimizers then skip it)."""
+    in_gsrc = w.in_gsrc
+    if all(g is None for g in in_gsrc):
+        return
+    seen, reached, todo = set(), set(), list(roots)
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        for _, gsrc, _ in n.args:
+            if type(gsrc) is Node:
+                todo.append(gsrc)
+            elif gsrc is not None:
+                reached.add(id(gsrc))
+    for k, g in enumerate(in_gsrc):
+        if g is not None and id(g) not in reached:
+            in_gsrc[k] = None
+
+
 def _cached(node: Node, var: Var) -> Any:
     vals = node.values
     return None if vals is None else vals.get(var.id)
@@ -453,6 +477,7 @@ def fast_backward(roots: list, grads: list, retain: bool, collect: dict | None =
             for n in w.order:
                 if n.grad:
                     check_saved(n)
+            _drop_unreached(w, fns)
             if w.key is not None:
                 w.key.append(tuple([g is not None for g in w.in_gsrc]))
     except Bail:
