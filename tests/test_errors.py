@@ -111,6 +111,7 @@ def test_index_errors_name_the_bad_index_and_the_users_line():
                        rf"with size 3 \(at {here(1)}\)"):
         tg.jit(lambda x: x.at[np.array([1, -4])].add(1.0))(t.numpy())
     assert tg.jit(lambda x: x[np.array([-1, 0])])(t.numpy()).tolist() == [[4, 5], [0, 1]]
+    assert tg.jit(lambda x: x[[]])(t.numpy()).shape == (0, 2)     # numpy's x[[]] (integers)
 
 
 def test_dtype_errors_are_type_errors():

@@ -35,7 +35,10 @@ def _index_array(idx: Any, n: int, axis: int, what: str) -> Any:
     """An index array into an axis of size `n`: a traced one as it is, a concrete one checked
     (integers, each in range: IndexError naming the first that is not) and counted from 0."""
     if not isinstance(idx, Traced):
+        listed = not isinstance(idx, np.ndarray)
         idx = np.asarray(idx)
+        if listed and not idx.size:     # x[[]]: numpy takes an empty list as integers
+            idx = idx.astype(np.intp)
     if E.dtype_of(idx) == np.bool_:
         raise IndexError(f"{what}: boolean mask indexing has a data-dependent shape; use "
                          "tg.where(mask, x, 0) instead" + _at_user())
