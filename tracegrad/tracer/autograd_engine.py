@@ -13,7 +13,7 @@ from ..ir.builder import Traced
 from ..ir.core import is_float
 from .autograd_compose import vjp_walk
 from .autograd_exec import fast_backward, realize
-from .autograd_graph import AccumulateGrad, Inplace, Node, check_saved, hook_name
+from .autograd_graph import AccumulateGrad, Inplace, Node, check_saved, grad_edges, hook_name
 from .grad_mode import mode
 from .tensor import Tensor, record
 
@@ -170,26 +170,6 @@ class Engine:
         self.captured: dict[int, Tensor] = {}
 
     # -- the graph
-    def _discover(self, starts: list) -> tuple[dict[int, int], dict[int, Any]]:
-        deps: dict[int, int] = {}
-        nodes: dict[int, Any] = {}
-        stack = list(starts)
-        for s in starts:
-            nodes[id(s)] = s
-        while stack:
-            n = stack.pop()
-            if isinstance(n, AccumulateGrad):
-                continue
-            for var, gsrc, _ in n.args:
-                if gsrc is None or var is None:
-                    continue
-                k = id(gsrc)
-                deps[k] = deps.get(k, 0) + 1
-                if k not in nodes:
-                    nodes[k] = gsrc
-                    stack.append(gsrc)
-        return deps, nodes
-
     def _needed(self, nodes: dict[int, Any], targets: set[int]) -> set[int]:
         """Nodes from which an input target is reachable (they have to run)."""
         memo: dict[int, bool] = {}
@@ -216,7 +196,7 @@ class Engine:
                 self.roots, [g._val() for g in self.grads], self.retain):
             return
         starts = [t._gsrc() for t in self.roots]
-        deps, nodes = self._discover(starts)
+        deps, nodes = grad_edges(starts)
         acc_targets: dict[int, list[int]] = {}     # id(AccumulateGrad) -> input positions
         capture: dict[tuple[int, int], list[int]] = {}   # (id(node), var id) -> positions
         if self.inputs is not None:

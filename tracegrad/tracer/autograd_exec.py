@@ -18,7 +18,7 @@ from ..ir.core import Var
 from . import autograd_template
 from .autograd_compose import NoTemplate, Plan, compose, compose_graph
 from .autograd_template import NEW as _NEW, NEW_OWN as _NEW_OWN, NEW_WRT as _NEW_WRT
-from .autograd_graph import (AccumulateGrad, Inplace, Node, check_saved, plain_extras,
+from .autograd_graph import (AccumulateGrad, Inplace, Node, check_saved, grad_edges, plain_extras,
                              rename_input)
 from ..config import config
 from . import executor
@@ -77,17 +77,7 @@ def _drop_unreached(w: Walk, roots: list[Node]) -> None:
     in_gsrc = w.in_gsrc
     if all(g is None for g in in_gsrc):
         return
-    seen, reached, todo = set(), set(), list(roots)
-    while todo:
-        n = todo.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        for _, gsrc, _ in n.args:
-            if type(gsrc) is Node:
-                todo.append(gsrc)
-            elif gsrc is not None:
-                reached.add(id(gsrc))
+    reached = grad_edges(roots)[1]
     for k, g in enumerate(in_gsrc):
         if g is not None and id(g) not in reached:
             in_gsrc[k] = None

@@ -381,6 +381,30 @@ for _what in sorted({what for names in SAVED_NAMES.values() for what in names}):
     setattr(Node, f"_saved_{_what}", _saved_property(_what))
 
 
+def grad_edges(starts: list) -> tuple[dict[int, int], dict[int, Any]]:
+    """The gradient graph below `starts` (nodes or AccumulateGrads), following each node's
+    differentiable inputs (its `next_functions`): (id -> how many edges lead to it, id ->
+    the node or AccumulateGrad)."""
+    deps: dict[int, int] = {}
+    nodes: dict[int, Any] = {}
+    stack = list(starts)
+    for s in starts:
+        nodes[id(s)] = s
+    while stack:
+        n = stack.pop()
+        if isinstance(n, AccumulateGrad):
+            continue
+        for var, gsrc, _ in n.args:
+            if gsrc is None or var is None:
+                continue
+            k = id(gsrc)
+            deps[k] = deps.get(k, 0) + 1
+            if k not in nodes:
+                nodes[k] = gsrc
+                stack.append(gsrc)
+    return deps, nodes
+
+
 def check_saved(n: Node) -> None:
     if not n.saved:
         return
