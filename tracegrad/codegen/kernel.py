@@ -5,12 +5,12 @@ what the thread pool calls. Single-task kernels are called from the entry direct
 past stores without runtime overlap checks."""
 from __future__ import annotations
 
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 from llvmlite import ir
 
-from .dtypes import I1, I64, PTR, VOID, mem_type
+from .dtypes import I1, I64, PTR, VOID, i64, mem_type
 
 KERNEL_TYPE = ir.FunctionType(VOID, [PTR.as_pointer(), I64])
 
@@ -85,6 +85,21 @@ class Kernel:
         i.add_incoming(b.add(i, ir.Constant(I64, 1), flags=("nsw",)), b.block)
         b.branch(header)
         b.position_at_end(done)
+
+    def for_each(self, axes: Sequence[int], dims: Sequence[int], idx: list,
+                 body: Callable[[], None]) -> None:
+        """Loops nested over `axes` (outermost first), axis j from 0 to dims[j], its
+        index in idx[j]; `body` runs innermost."""
+        def nest(t: int) -> None:
+            if t == len(axes):
+                body()
+                return
+
+            def step(i: ir.Value, j: int = axes[t]) -> None:
+                idx[j] = i
+                nest(t + 1)
+            self.for_range(i64(0), i64(dims[axes[t]]), step)
+        nest(0)
 
     def fn_append(self, name: str) -> ir.Block:
         return self.body_fn.append_basic_block(name)

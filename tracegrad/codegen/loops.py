@@ -146,18 +146,8 @@ def emit_loop_group(k: Kernel, group: Group, producers: dict, p: int, n_tasks: i
 
     def fill_from(r: _Red, level: int) -> None:   # init the outputs the loops below touch
         dt = r.eqn.out.aval.dtype
-        rest = [j for j in r.kept if j > level]
-
-        def nest(t: int) -> None:
-            if t == len(rest):
-                store_elem(b, identity(r.eqn.op, dt), out_ptr(r), dt)
-                return
-
-            def step(i, j=rest[t]):
-                idx[j] = i
-                nest(t + 1)
-            k.for_range(i64(0), i64(d[rest[t]]), step)
-        nest(0)
+        k.for_each([j for j in r.kept if j > level], d, idx,
+                   lambda: store_elem(b, identity(r.eqn.op, dt), out_ptr(r), dt))
 
     def reset(level: int) -> None:
         for r in reds:
@@ -358,19 +348,12 @@ def emit_argreduce(k: Kernel, group: Group, producers: dict) -> None:
         b.store(b.select(upd, v, bv), best_v)
         b.store(b.select(upd, j, b.load(best_i)), best_i)
 
-    def nest(t: int) -> None:
-        if t == len(kept):
-            idx[axis] = reads.c(0)
-            b.store(reads.value(x, idx), best_v)
-            b.store(i64(0), best_i)
-            k.for_range(i64(1), i64(d[axis]), inner)
-            ptr = b.gep(k.ptrs[e.out.id], [reads.linear([idx[j] for j in kept],
-                                                         [d[j] for j in kept])], inbounds=True)
-            b.store(b.load(best_i), ptr)
-            return
-
-        def step(i, j=kept[t]):
-            idx[j] = i
-            nest(t + 1)
-        k.for_range(i64(0), i64(d[kept[t]]), step)
-    nest(0)
+    def each() -> None:     # one output: the first element, then the rest compared
+        idx[axis] = reads.c(0)
+        b.store(reads.value(x, idx), best_v)
+        b.store(i64(0), best_i)
+        k.for_range(i64(1), i64(d[axis]), inner)
+        ptr = b.gep(k.ptrs[e.out.id], [reads.linear([idx[j] for j in kept],
+                                                     [d[j] for j in kept])], inbounds=True)
+        b.store(b.load(best_i), ptr)
+    k.for_each(kept, d, idx, each)
