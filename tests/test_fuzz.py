@@ -323,3 +323,83 @@ def test_empty_gathers_and_concatenations():
     assert tg.jit(lambda a, b: tg.concatenate([a, b]))(e, e).shape == (0,)
     g = tg.jit(tg.grad(lambda a, b: tg.sum(tg.concatenate([a, b]) * 2.0)))(e, e)
     assert g.shape == (0,)
+
+
+def _interpreted(f, *args):
+    """`tg.jit(f)(*args)` on the reference interpreter."""
+    tg.config.disable_jit = True
+    try:
+        return tg.jit(f)(*args)
+    finally:
+        tg.config.disable_jit = False
+
+
+def test_native_scatter_add_takes_literal_operands():
+    # the gradient of take at a scalar index is scatter_add of the literal 1.0 (and a
+    # constant index is a literal too): the native lowering read both as buffers
+    # (AttributeError; a Tensor loop hit it when tiering compiled, after 128 iterations)
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    y = np.ones((2, 3), np.float32)
+    for f, args, want in [
+            (lambda a, i: tg.sum(tg.take(a, i)), (x, np.array(1, np.int32)), [0, 1, 0]),
+            (lambda a, b: tg.sum(tg.take(a, np.array(2)) * b), (x, y), [0, 0, 6]),
+            (lambda a, i: tg.sum(a[i, 0] * 2.0), (y, np.array(1)), [[0, 0, 0], [2, 0, 0]])]:
+        g = tg.jit(tg.grad(f))(*args)
+        np.testing.assert_array_equal(g, want)
+        np.testing.assert_array_equal(g, _interpreted(tg.grad(f), *args))
+
+
+def test_float_to_int_conversion_saturates_on_both_backends():
+    # numpy's own answer for NaN and out-of-range values is the CPU's (INT_MIN on x86) and
+    # the native code saturates: the same graph changed its answer when it got hot
+    x = np.array([np.nan, np.inf, -np.inf, 1e10, -1e10, 2.7, -2.7, -2147483648.0,
+                  2147483520.0], np.float32)
+    big, small = 2**31 - 1, -2**31
+    want = {tg.int32: [0, big, small, big, small, 2, -2, small, 2147483520],
+            tg.int64: [0, 2**63 - 1, -2**63, 10**10, -10**10, 2, -2, small, 2147483520]}
+    for dt, expected in want.items():
+        f = lambda a, dt=dt: tg.astype(a, dt)    # noqa: E731
+        for got in (tg.jit(f)(x), _interpreted(f, x), tg.astype(x, dt),
+                    tg.tensor(x).astype(dt).numpy()):
+            assert got.dtype == dt
+            np.testing.assert_array_equal(got, expected)
+
+
+def test_other_byte_order_inputs_are_read_as_numbers():
+    # a big-endian array was traced with dtype >f4, which the native backend refused
+    x = np.arange(6, dtype=">f4")
+    f = tg.jit(lambda a: a * 3)
+    for _ in range(2):      # (the second call takes the fast path)
+        out = f(x)
+        assert out.dtype == np.float32 and out.dtype.isnative
+        np.testing.assert_array_equal(out, np.arange(6) * 3)
+    np.testing.assert_array_equal(tg.grad(lambda a: tg.sum(a * a))(x.astype(">f8")),
+                                  2 * np.arange(6))
+    t = tg.tensor(x, requires_grad=True)
+    (t * t).sum().backward()
+    np.testing.assert_array_equal(t.grad.numpy(), 2 * np.arange(6))
+
+
+@pytest.mark.parametrize("dtype", ["u1", "u2", "u4", "u8", "i2", "f2"])
+def test_dtypes_without_a_native_type_get_numpys_answers(dtype):
+    # uint8 was compiled as int8: 200 > 100 was False, max([200, 255]) was 100; the others
+    # raised TypeError once compiled. Such graphs now run on the interpreter in every tier.
+    x = np.array([200, 100, 3, 255], dtype)
+    y = np.array([100, 200, 250, 1], dtype)
+    cases = {"greater": lambda a, b: a > b, "max": lambda a, b: tg.max(a),
+             "argmax": lambda a, b: tg.argmax(a), "float": lambda a, b: tg.astype(a, tg.float32),
+             "divide": lambda a, b: a / b, "add": lambda a, b: a + b}
+    if dtype != "f2":
+        cases["take"] = lambda a, b: tg.take(np.arange(300, dtype=np.float32), b)
+    for name, f in cases.items():
+        want = _interpreted(f, x, y)
+        np.testing.assert_array_equal(tg.jit(f)(x, y), want, err_msg=name)
+    assert tg.max(x) == 255 and tg.argmax(x) == 3
+    assert "does not support dtype" in tg.jit(lambda a: a + 1).lower(x).asm
+
+
+def test_small_unsigned_indices_into_a_long_axis():
+    # the interpreter wrapped negative indices in the index's own dtype: OverflowError
+    i = np.array([3, 200], np.uint8)
+    np.testing.assert_array_equal(_interpreted(lambda j: tg.take(np.arange(300.0), j), i),
+                                  [3, 200])

@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
+from ..ir import Graph, Lit
+
 I1 = ir.IntType(1)
 I8 = ir.IntType(8)
 I32 = ir.IntType(32)
@@ -13,11 +15,33 @@ F64 = ir.DoubleType()
 VOID = ir.VoidType()
 PTR = I8.as_pointer()
 
+# (no unsigned type: the lowerings compare, divide, convert and index as signed integers;
+# a graph with another dtype runs on the interpreter, see unsupported_dtype)
 _REG = {
     np.dtype(np.float32): F32, np.dtype(np.float64): F64, np.dtype(np.int32): I32,
     np.dtype(np.int64): I64, np.dtype(np.bool_): I1, np.dtype(np.int8): I8,
-    np.dtype(np.uint8): I8,
 }
+
+
+def unsupported_dtype(graph: Graph) -> np.dtype | None:
+    """A dtype of `graph` (its inputs, constants, literals and results, its scans' bodies
+    included) that the native backend has no type for, or None."""
+    seen = {a.aval.dtype for a in (*graph.invars, *graph.constvars)}
+    for e in graph.eqns:
+        for a in e.inputs:
+            if type(a) is Lit:
+                seen.add(a.aval.dtype)
+        for v in e.outvars:
+            seen.add(v.aval.dtype)
+        for p in e.params.values():
+            if isinstance(p, Graph):
+                bad = unsupported_dtype(p)
+                if bad is not None:
+                    return bad
+    for d in seen:
+        if d not in _REG:
+            return d
+    return None
 
 
 def reg_type(dtype: np.dtype) -> ir.Type:

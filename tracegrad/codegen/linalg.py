@@ -682,7 +682,8 @@ def _copy_block(k: Kernel, src, dst, at: ir.Value, nrows: ir.Value, ncols: ir.Va
 
 def emit_scatter_add(k: Kernel, group: Group) -> None:
     """out = zeros; out[pre, idx[mid], post] += g[pre, mid, post]. Indices wrap once if negative
-    and are then clamped (as take reads them); a zero-size axis writes nothing."""
+    and are then clamped (as take reads them); a zero-size axis writes nothing. g and idx may
+    be (0-d) literals: a scalar index's gradient of a sum is the literal 1.0."""
     b = k.b
     e = group.eqns[0]
     g, ind = e.inputs
@@ -691,13 +692,16 @@ def emit_scatter_add(k: Kernel, group: Group) -> None:
     pre = math.prod(g.aval.shape[:axis])
     mid = ind.aval.size
     post = math.prod(g.aval.shape[axis + ind.aval.ndim:])
-    pg, pi, po = k.ptrs[g.id], k.ptrs[ind.id], k.ptrs[out.id]
+    po = k.ptrs[out.id]
+    pg = k.ptrs[g.id] if isinstance(g, Var) else None
+    pi = k.ptrs[ind.id] if isinstance(ind, Var) else None
     k.for_range(i64(0), i64(out.aval.size),
                 lambda j: b.store(const(dt, 0), b.gep(po, [j], inbounds=True)))
 
     def outer(i):
         def each(m):
-            j = b.load(b.gep(pi, [m], inbounds=True))
+            j = b.load(b.gep(pi, [m], inbounds=True)) if pi is not None else \
+                i64(int(ind.value))
             if j.type != I64:
                 j = b.sext(j, I64)
             j = b.select(b.icmp_signed("<", j, i64(0)), b.add(j, i64(size)), j)
@@ -713,9 +717,10 @@ def emit_scatter_add(k: Kernel, group: Group) -> None:
             dst = b.mul(b.add(b.mul(i, i64(size)), j), i64(post))
 
             def col(c):
-                sp = b.gep(pg, [b.add(src, c)], inbounds=True)
                 dp = b.gep(po, [b.add(dst, c)], inbounds=True)
-                x, y = b.load(dp), b.load(sp)
+                x = b.load(dp)
+                y = b.load(b.gep(pg, [b.add(src, c)], inbounds=True)) if pg is not None else \
+                    const(dt, g.value.item())
                 b.store(b.fadd(x, y) if is_float(dt) else b.add(x, y), dp)
             k.for_range(i64(0), i64(post), col)
             b.branch(done)

@@ -409,7 +409,7 @@ class _Lowering:
         keys = self.loop_keys[self.group_index[id(group)]] = []
         if size:
             keys.append(("body", e.outvars[0].id))
-            self.regions[self.new_slot(keys[-1], np.uint8, size)] = work
+            self.regions[self.new_slot(keys[-1], np.int8, size)] = work
         spare = []
         for v in e.outvars[:nk]:
             keys.append(("carry", v.id))

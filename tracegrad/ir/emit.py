@@ -10,6 +10,7 @@ import numpy as np
 
 from .builder import Traced, bind, bind_traced, scalar_literal
 from .core import is_float
+from .ops import convert_value
 
 float32 = np.dtype(np.float32)
 _WEAK = (bool, int, float)
@@ -79,7 +80,7 @@ def asdtype(x: Any, dtype: np.dtype) -> Any:
     arr = np.asarray(x)
     if arr.dtype == object:
         raise TypeError(f"cannot use a value of type {type(x).__name__} as an array")
-    return arr if arr.dtype == dtype else arr.astype(dtype)
+    return arr if arr.dtype == dtype else convert_value(arr, dtype)
 
 
 def promote(*xs: Any) -> Sequence[Any]:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from .core import Graph, Lit, remember
-from .ops import OPS, np_index
+from .ops import OPS, convert_value, np_index
 from .passes import _frozen_params
 
 # Called after every equation with (eqn, inputs, outputs); set by tracegrad.config.debug_nans.
@@ -285,6 +285,8 @@ def _fast_fn(e: Any) -> Callable | None:
         return where
     if op == "convert":
         dt = np.dtype(p["dtype"])
+        if e.inputs[0].aval.dtype.kind == "f" and dt.kind in "iu":
+            return lambda x: convert_value(x, dt)
         return lambda x: x.astype(dt)
     if op == "stop_gradient":
         return lambda x: x

@@ -222,6 +222,25 @@ def _convert(x: Aval, *, dtype: np.dtype) -> Aval:
     return Aval(x.shape, np.dtype(dtype))
 
 
+def convert_value(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`x.astype(dtype)`, but a float converted to an integer saturates: NaN -> 0, values
+    beyond the integer's range -> its min or max (as JAX does, and as the native code's
+    saturating conversion does; numpy's own result there is whatever the CPU gives, INT_MIN
+    on x86, so the two backends would disagree)."""
+    dtype = np.dtype(dtype)
+    if x.dtype.kind != "f" or dtype.kind not in "iu":
+        return x.astype(dtype)
+    info = np.iinfo(dtype)
+    lo, hi = float(info.min), float(info.max) + 1.0     # (both exact powers of two, or 0)
+    with np.errstate(invalid="ignore"):
+        out = x.astype(dtype)
+        inside = (x >= lo) & (x < hi)     # (False for NaN)
+    if inside.all():
+        return out
+    return np.where(inside, out, np.where(x < lo, info.min, np.where(x >= hi, info.max, 0))
+                    ).astype(dtype)
+
+
 def _iota(*, shape: tuple[int, ...], dimension: int, dtype: np.dtype) -> Aval:
     if not 0 <= dimension < len(shape):
         raise ShapeError(f"dimension {dimension} out of range for shape {shape}")
@@ -347,6 +366,8 @@ def clip_index(idx: np.ndarray, n: int) -> np.ndarray:
     """take/scatter_add index semantics: negatives wrap once, then clamp into [0, n-1] (JAX's
     "clip" mode). Values cannot raise inside compiled code, so both passes and both backends
     agree on this; the `tg` front end raises IndexError for out-of-range concrete indices."""
+    if idx.dtype.kind == "u" or idx.dtype.itemsize < 4:     # (idx + n must not overflow)
+        idx = idx.astype(np.int64)
     idx = np.where(idx < 0, idx + n, idx)
     return np.clip(idx, 0, max(n - 1, 0))
 
@@ -451,7 +472,7 @@ _def("and", "compare", _logical, np.logical_and)
 _def("or", "compare", _logical, np.logical_or)
 
 _def("select", "select", _select, lambda c, x, y: np.where(c, x, y))
-_def("convert", "unary", _convert, lambda x, *, dtype: x.astype(dtype))
+_def("convert", "unary", _convert, lambda x, *, dtype: convert_value(x, dtype))
 
 _def("reduce_sum", "reduce", _reduce_sum, _ref_reduce(np.sum))
 _def("reduce_max", "reduce", _reduce, _ref_reduce(np.max))

@@ -35,9 +35,10 @@ def _register() -> None:
                       "graphs run on the reference interpreter", RuntimeWarning,
                       stacklevel=level)
         return
+    from ..codegen.dtypes import unsupported_dtype
     from ..codegen.plan import compiled_size
     executor.set_backend(compile_graph, run_graph, find_compiled, may_have_compiled,
-                         numpy_one_blas_thread(), compiled_size)
+                         numpy_one_blas_thread(), compiled_size, unsupported_dtype)
 
 
 _register()

@@ -53,13 +53,17 @@ def collector_paused():
 
 def set_backend(compile_fn: Callable, run_fn: Callable,
                 lookup_fn: Callable | None = None, may_hit_fn: Callable | None = None,
-                one_blas_thread: Any = None, size_fn: Callable | None = None) -> None:
+                one_blas_thread: Any = None, size_fn: Callable | None = None,
+                unsupported_fn: Callable | None = None) -> None:
     """`one_blas_thread`: a context manager keeping numpy's BLAS to one thread. `size_fn`:
     the equations the backend compiles for a graph (what the compile estimate scales with;
-    default: its scans unrolled)."""
+    default: its scans unrolled). `unsupported_fn(graph)`: a dtype of the graph the backend
+    cannot compile, or None (such graphs run on the interpreter)."""
     _backend["compile"] = compile_fn
     if size_fn is not None:
         _backend["size"] = size_fn
+    if unsupported_fn is not None:
+        _backend["unsupported"] = unsupported_fn
     _backend["run"] = run_fn
     if lookup_fn is not None:
         _backend["lookup"] = lookup_fn
@@ -79,8 +83,31 @@ def _interpret(graph: ir.Graph, args: Sequence[Any]) -> list[np.ndarray]:
     return ir.program(graph)(args)
 
 
+class Interpreted:
+    """What `_native` gives for a graph the backend cannot compile (a dtype it has no type
+    for): the interpreter, which runs every dtype, in every tier alike."""
+    __slots__ = ("graph", "why")
+
+    def __init__(self, graph: ir.Graph, why: str):
+        self.graph, self.why = graph, why
+
+    def __call__(self, args: Sequence[Any]) -> list[np.ndarray]:
+        return _interpret(self.graph, args)
+
+    @property
+    def llvm_ir(self) -> str:
+        return f"; no native code: {self.why} (the graph runs on the interpreter)"
+
+    asm = llvm_ir
+
+
 def _native(graph: ir.Graph) -> Any:
-    """Compile `graph` (or fetch it from the cache), keeping the per-equation estimate."""
+    """Compile `graph` (or fetch it from the cache), keeping the per-equation estimate; a
+    graph the backend cannot compile gets the interpreter."""
+    unsupported = _backend.get("unsupported")
+    bad = unsupported(graph) if unsupported is not None else None
+    if bad is not None:
+        return Interpreted(graph, f"the native backend does not support dtype {bad}")
     t0 = time.perf_counter()
     exe = _backend["compile"](graph)
     took = time.perf_counter() - t0
@@ -115,7 +142,7 @@ def execute(graph: ir.Graph, args: Sequence[Any]) -> list[np.ndarray]:
     if config.disable_jit or config.debug_nans or "run" not in _backend:
         return _interpret(graph, args)
     if not _tiered(graph):
-        return _backend["run"](graph, args)
+        return _native(graph)(args)
     exe = _backend["lookup"](graph) if _may_hit() else None
     if exe is not None:
         return exe(args)

@@ -255,9 +255,12 @@ class Jitted:
             return self._run(self._compile(args, key), leaves, fast)
 
     def _run(self, entry: _Entry, leaves: list, fast: Any) -> Any:
-        if fast is not None:
+        values = leaf_values(leaves, "argument")
+        # (the fast path hands its arrays to the entry as they are: not those leaf_values
+        # converts, in the other byte order)
+        if fast is not None and all(v is x for v, x in zip(values, leaves)):
             self._fast[fast] = entry
-        return entry.unflatten(entry.run(leaf_values(leaves, "argument")))
+        return entry.unflatten(entry.run(values))
 
     def _call_with_keywords(self, args: tuple, kwargs: dict) -> Any:
         """Keyword arguments are traced like trailing positional ones (one cache per names)."""

@@ -16,12 +16,22 @@ _WEAK_TYPES = (bool, int, float)
 
 
 def leaf_value(x: Any, where: str) -> Any:
-    """A pytree leaf as something traceable: arrays, scalars, traced values, Tensors."""
+    """A pytree leaf as something traceable: arrays, scalars, traced values, Tensors. An
+    array in the other byte order is converted to this machine's (as numpy's arithmetic
+    returns it)."""
     if isinstance(x, _LEAF_TYPES):
         if isinstance(x, (bool, int, float)):
             return np.asarray(x, ir.emit.dtype_of(x))
-        if isinstance(x, np.ndarray) and x.dtype == object:
-            raise TypeError(f"{where} is an object array; only numeric arrays can be traced")
+        if isinstance(x, (np.ndarray, np.generic)):
+            dt = x.dtype
+            if dt.kind == "O":
+                raise TypeError(f"{where} is an object array; only numeric arrays can be "
+                                "traced")
+            if dt.kind not in "biuf":
+                raise TypeError(f"{where} has dtype {dt}; tracegrad supports bool, integer "
+                                "and float dtypes")
+            if not dt.isnative:
+                return np.asarray(x, dt.newbyteorder("="))
         return x
     as_array = getattr(x, "__tg_array__", None)   # Tensors
     if as_array is not None:
@@ -35,7 +45,8 @@ def leaf_values(xs: Sequence[Any], what: str) -> list[Any]:
     out = []
     for i, x in enumerate(xs):
         t = type(x)
-        if t is Traced or (t is np.ndarray and x.dtype.kind != "O"):   # (quickly)
+        if t is Traced or (t is np.ndarray and x.dtype.kind in "biuf" and
+                           x.dtype.isnative):   # (quickly)
             out.append(x)
         else:
             out.append(leaf_value(x, f"{what} leaf {i}"))
