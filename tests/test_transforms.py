@@ -394,3 +394,67 @@ def test_jit_rebuilds_output_trees_of_every_kind():
         out = f(x)
         assert out["s"] == 3.0 and out["parts"][1] is None
         np.testing.assert_array_equal(out["parts"][2][0], x + 1)
+
+
+# ---- fuzzer findings (against JAX) -------------------------------------------------------------
+
+def test_arguments_not_differentiated_are_python_values_under_grad():
+    # as under jax.grad: a float or a string not in argnums is the Python value (a float
+    # was traced, so `if k > 0.3` raised; a string was rejected as a leaf), and so under
+    # jit's static_argnums around grad
+    def f(x, k):
+        return tg.sum(x * x) * k if k > 0.3 else tg.sum(x)
+
+    def g(x, mode, shape):
+        return tg.sum(x * x) if mode == "sq" else tg.sum(x * tg.ones(shape))
+
+    np.testing.assert_allclose(tg.grad(f)(X, 0.5), X)
+    np.testing.assert_allclose(tg.grad(f)(X, 0.1), np.ones(3))
+    np.testing.assert_allclose(tg.jit(tg.grad(f), static_argnums=1)(X, 0.5), X)
+    np.testing.assert_allclose(tg.grad(g)(X, "sq", (3,)), 2 * X)
+    np.testing.assert_allclose(tg.jit(tg.grad(g), static_argnums=(1, 2))(X, "id", (3,)),
+                               np.ones(3))
+    # an array, or a float differentiated, is still traced
+    np.testing.assert_allclose(tg.grad(lambda x, k: tg.sum(x) * k)(X, np.float64(2.0)), 2.0)
+    assert tg.grad(lambda x, k: x * k, argnums=1)(2.0, 3.0) == 2.0
+
+
+def test_custom_vjp_gradient_may_hold_none_for_a_zero_part():
+    @tg.custom_vjp
+    def g(d):
+        return d["u"] * d["v"]
+    g.defvjp(lambda d: (g(d), d), lambda d, ct: ({"u": ct * d["v"], "v": None},))
+    got = tg.grad(lambda d: tg.sum(g(d)))({"u": X, "v": Y})
+    np.testing.assert_allclose(got["u"], Y)     # was zeros: the whole argument was dropped
+    np.testing.assert_array_equal(got["v"], 0)
+
+    g.defvjp(lambda d: (g(d), d), lambda d, ct: ({"u": ct * d["v"], "w": None},))
+    with pytest.raises(TypeError, match="gradient of argument 0 must have the argument's"):
+        tg.grad(lambda d: tg.sum(g(d)))({"u": X, "v": Y})
+
+
+def test_jacobians_and_hessian_of_several_arguments():
+    # a tuple argnums used only its first entry
+    f = lambda a, b: a * b     # noqa: E731
+    ja, jb = tg.jacrev(f, argnums=(0, 1))(X, Y)
+    np.testing.assert_allclose(ja, np.diag(Y))
+    np.testing.assert_allclose(jb, np.diag(X))
+    jb, ja = tg.jacfwd(f, argnums=(1, 0))(X, Y)
+    np.testing.assert_allclose(ja, np.diag(Y))
+    np.testing.assert_allclose(jb, np.diag(X))
+    (h_aa, h_ab), (h_ba, h_bb) = tg.hessian(lambda a, b: tg.sum(a * a * b), argnums=(0, 1))(X, Y)
+    np.testing.assert_allclose(h_aa, np.diag(2 * Y))
+    np.testing.assert_allclose(h_ab, np.diag(2 * X))
+    np.testing.assert_allclose(h_ba, np.diag(2 * X))
+    np.testing.assert_array_equal(h_bb, 0)
+    (only,) = tg.jacrev(f, argnums=(1,))(X, Y)
+    np.testing.assert_allclose(only, np.diag(X))
+
+
+def test_jvp_wants_its_primals_in_a_tuple():
+    # tuple(array) split the array into its rows, one argument each
+    with pytest.raises(TypeError, match="primals must be a tuple or list"):
+        tg.jvp(lambda *a: tg.stack(a) * 2.0, X, X)
+    with pytest.raises(TypeError, match="tangents must be a tuple or list"):
+        tg.jvp(lambda a: a * 2.0, (X,), X)
+    np.testing.assert_allclose(tg.jvp(lambda a: a * 2.0, [X], [Y])[1], 2 * Y)

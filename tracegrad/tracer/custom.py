@@ -5,7 +5,7 @@ import functools
 from typing import Any, Callable
 
 from ..ir.builder import bind, current_builder
-from .pytree import tree_flatten, tree_unflatten
+from .pytree import flatten_up_to, tree_flatten, tree_unflatten
 from .trace import flatten_args, tracing
 
 
@@ -42,7 +42,6 @@ class custom_vjp:  # noqa: N801 - JAX's name
         out_leaves, out_tree = tree_flatten(out)
         res_leaves, res_tree = tree_flatten(res)
         arg_trees = [tree_flatten(a)[1] for a in args]
-        counts = [t.num_leaves for t in arg_trees]
         bwd = self.bwd
 
         def flat_bwd(res_flat: tuple, g: Any) -> tuple:
@@ -53,9 +52,13 @@ class custom_vjp:  # noqa: N801 - JAX's name
                 raise TypeError(f"custom_vjp backward of {self.__name__} must return a tuple "
                                 f"with one gradient per argument ({len(args)}), got {grads!r}")
             flat = []
-            for gr, n in zip(grads, counts):
-                leaves = tree_flatten(gr)[0] if gr is not None else [None] * n
-                flat.extend(leaves if len(leaves) == n else [None] * n)
+            for i, (gr, td) in enumerate(zip(grads, arg_trees)):
+                try:    # (a None anywhere is a zero gradient for the leaves under it)
+                    flat.extend(flatten_up_to(td, gr))
+                except ValueError as e:
+                    raise TypeError(f"custom_vjp backward of {self.__name__}: the gradient "
+                                    f"of argument {i} must have the argument's structure "
+                                    f"({e})") from None
             return tuple(flat)
         flat_bwd.__name__ = f"{getattr(bwd, '__name__', 'bwd')}"
         flat_bwd.__qualname__ = getattr(bwd, "__qualname__", "bwd")

@@ -83,6 +83,47 @@ def _unflatten(td: TreeDef, it) -> Any:
     return NODE_TYPES[t][1](children, meta)
 
 
+def flatten_up_to(td: TreeDef, x: Any) -> list[Any]:
+    """The leaves of `x`, a tree of structure `td` in which any subtree may be None (as a
+    custom VJP's zero gradient is): a None stands for that subtree's leaves, each None.
+    Raises ValueError where `x` has another structure (a tuple and a list are alike)."""
+    out: list[Any] = []
+    _up_to(td, x, out)
+    return out
+
+
+def _up_to(td: TreeDef, x: Any, out: list) -> None:
+    if x is None:
+        out.extend([None] * td.num_leaves)
+        return
+    if td.kind == "leaf":
+        out.append(x)
+        return
+    if td.kind == "none":
+        raise ValueError(f"expected None, got {type(x).__name__}")
+    if td.kind == "dict":
+        if type(x) is not dict or set(x) != set(td.meta):
+            raise ValueError(f"expected a dict with keys {list(td.meta)}, got {_what(x)}")
+        children = [x[k] for k in td.meta]
+    else:
+        leaves, got = tree_flatten(x)
+        if (got.kind != td.kind and {got.kind, td.kind} != {"tuple", "list"}) or \
+                len(got.children) != len(td.children):
+            raise ValueError(f"expected {td!r}, got {_what(x)}")
+        children = list(x) if got.kind in ("tuple", "list", "namedtuple") else None
+        if children is None:        # a registered node type: its children as it gives them
+            children = NODE_TYPES[type(x)][0](x)[0]
+    for c, child in zip(td.children, children):
+        _up_to(c, child, out)
+
+
+def _what(x: Any) -> str:
+    try:
+        return repr(tree_flatten(x)[1])
+    except Exception:   # noqa: BLE001 - only for the message
+        return type(x).__name__
+
+
 def tree_map(fn: Callable, tree: Any, *rest: Any) -> Any:
     leaves, td = tree_flatten(tree)
     others = [tree_flatten(r)[0] for r in rest]

@@ -11,7 +11,7 @@ import numpy as np
 from .. import ir
 from ..ir import emit as E
 from ..config import config
-from ..ir.builder import Builder, current_builder
+from ..ir.builder import Builder, Traced, current_builder
 from .pytree import tree_flatten, tree_unflatten
 from .trace import aval_of_leaf, call_graph, flatten_args, trace
 
@@ -29,11 +29,20 @@ def _argnums(argnums: int | Sequence[int], nargs: int, fname: str) -> tuple[int,
     return tuple(n % nargs for n in nums)
 
 
-def _static_ints(args: Sequence[Any], nums: Sequence[int]) -> tuple[int, ...]:
-    """Positions of Python int/bool arguments that are not differentiated: like JAX, the
-    function sees them as Python values (so `range(n)` works under grad)."""
-    return tuple(i for i, a in enumerate(args)
-                 if i not in nums and isinstance(a, (int, bool)) and not isinstance(a, float))
+def _static_args(args: Sequence[Any], nums: Sequence[int]) -> tuple[int, ...]:
+    """Positions of the arguments not differentiated that the function sees as Python
+    values, as under JAX's grad: Python scalars (so `range(n)` and `if k > 0.5:` work), and
+    arguments holding no array at all (a string, a tuple of ints, an option object)."""
+    return tuple(i for i, a in enumerate(args) if i not in nums and _python_value(a))
+
+
+def _python_value(a: Any) -> bool:
+    if isinstance(a, (int, float)):      # (bool is an int)
+        return not isinstance(a, np.generic)
+    if type(a) is np.ndarray or type(a) is Traced:
+        return False
+    return not any(isinstance(x, (np.ndarray, np.generic, Traced)) or
+                   hasattr(x, "__tg_array__") for x in tree_flatten(a)[0])
 
 
 def _leaf_ranges(args: Sequence[Any], static: Sequence[int] = ()) -> list[range]:
@@ -75,7 +84,7 @@ def _positional(f: Callable, n: int, keys: tuple[str, ...]) -> Callable:
 class Started(NamedTuple):
     """What `value_and_grad`'s trace of f hands to its differentiation (see jit)."""
     nums: tuple       # the differentiated arguments
-    static: tuple     # the arguments f saw as Python values (ints and bools)
+    static: tuple     # the arguments f saw as Python values (see _static_args)
     ranges: list      # each argument's flat leaf indices
     wrt: list         # the flat leaves differentiated
 
@@ -88,7 +97,7 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
     def start(args: tuple) -> tuple:
         """Trace f: (its traced function, its flat leaves, what finish needs)."""
         nums = _argnums(argnums, len(args), "grad")
-        static = _static_ints(args, nums)
+        static = _static_args(args, nums)
         ranges = _leaf_ranges(args, static)
         wrt = [i for n in nums for i in ranges[n]]
         dyn = [a for i, a in enumerate(args) if i not in static]
@@ -225,6 +234,10 @@ def vjp(f: Callable, *primals: Any, has_aux: bool = False) -> tuple:
 
 def jvp(f: Callable, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple:
     """`(out, tangent_out)`: forward-mode derivative of `f` at `primals` along `tangents`."""
+    for what, xs in (("primal", primals), ("tangent", tangents)):
+        if type(xs) not in (tuple, list):   # (tuple(array) would split it into its rows)
+            raise TypeError(f"jvp: the {what}s must be a tuple or list with one entry per "
+                            f"argument of the function, got {type(xs).__name__}")
     primals, tangents = tuple(primals), tuple(tangents)
     tf, leaves = trace(f, primals)
     t_leaves, t_tree = flatten_args(tangents, "tangent")
@@ -253,7 +266,7 @@ def jvp(f: Callable, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple:
 
 
 def _single_array_io(f: Callable, args: Sequence[Any], argnum: int, fname: str):
-    static = _static_ints(args, (argnum,))
+    static = _static_args(args, (argnum,))
     tf, leaves = trace(f, args, static)
     g = tf.graph
     if len(g.outvars) != 1:
@@ -266,8 +279,21 @@ def _single_array_io(f: Callable, args: Sequence[Any], argnum: int, fname: str):
     return tf, leaves, g, wrt
 
 
-def jacrev(f: Callable, argnums: int = 0) -> Callable:
-    """The Jacobian by reverse mode: one backward pass per output element, in one graph."""
+def _per_argnum(jac: Callable, f: Callable, argnums: Sequence[int]) -> Callable:
+    """`jac(f, argnums)` for a sequence `argnums`: a tuple, one Jacobian per argument (as
+    JAX gives)."""
+    @functools.wraps(f)
+    def each(*args: Any) -> tuple:
+        return tuple(jac(f, n)(*args) for n in _argnums(argnums, len(args), jac.__name__))
+    return each
+
+
+def jacrev(f: Callable, argnums: int | Sequence[int] = 0) -> Callable:
+    """The Jacobian by reverse mode: one backward pass per output element, in one graph. A
+    tuple `argnums` gives a tuple of Jacobians."""
+    if not isinstance(argnums, int):
+        return _per_argnum(jacrev, f, argnums)
+
     @functools.wraps(f)
     def jac(*args: Any) -> Any:
         n = _argnums(argnums, len(args), "jacrev")[0]
@@ -293,8 +319,12 @@ def jacrev(f: Callable, argnums: int = 0) -> Callable:
     return jac
 
 
-def jacfwd(f: Callable, argnums: int = 0) -> Callable:
-    """The Jacobian by forward mode: one tangent per input element, in one graph."""
+def jacfwd(f: Callable, argnums: int | Sequence[int] = 0) -> Callable:
+    """The Jacobian by forward mode: one tangent per input element, in one graph. A tuple
+    `argnums` gives a tuple of Jacobians."""
+    if not isinstance(argnums, int):
+        return _per_argnum(jacfwd, f, argnums)
+
     @functools.wraps(f)
     def jac(*args: Any) -> Any:
         n = _argnums(argnums, len(args), "jacfwd")[0]
@@ -321,9 +351,18 @@ def jacfwd(f: Callable, argnums: int = 0) -> Callable:
     return jac
 
 
-def hessian(f: Callable, argnums: int = 0) -> Callable:
-    """Second derivatives: forward over reverse."""
-    return jacfwd(jacrev(f, argnums), argnums)
+def hessian(f: Callable, argnums: int | Sequence[int] = 0) -> Callable:
+    """Second derivatives: forward over reverse. A tuple `argnums` gives nested tuples,
+    `h[i][j]` the derivative by argument argnums[j] of the gradient by argnums[i] (JAX's
+    layout)."""
+    if isinstance(argnums, int):
+        return jacfwd(jacrev(f, argnums), argnums)
+
+    @functools.wraps(f)
+    def blocks(*args: Any) -> tuple:
+        nums = _argnums(argnums, len(args), "hessian")
+        return tuple(tuple(jacfwd(jacrev(f, i), j)(*args) for j in nums) for i in nums)
+    return blocks
 
 
 def make_ir(f: Callable, static_argnums: Sequence[int] = ()) -> Callable[..., ir.Graph]:
