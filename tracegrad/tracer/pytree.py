@@ -106,7 +106,7 @@ def _up_to(td: TreeDef, x: Any, out: list) -> None:
             raise ValueError(f"expected a dict with keys {list(td.meta)}, got {_what(x)}")
         children = [x[k] for k in td.meta]
     else:
-        leaves, got = tree_flatten(x)
+        got = tree_flatten(x)[1]
         if (got.kind != td.kind and {got.kind, td.kind} != {"tuple", "list"}) or \
                 len(got.children) != len(td.children):
             raise ValueError(f"expected {td!r}, got {_what(x)}")
