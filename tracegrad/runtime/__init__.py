@@ -37,7 +37,7 @@ def _register() -> None:
         return
     from ..codegen.dtypes import unsupported_dtype
     from ..codegen.plan import compiled_size
-    executor.set_backend(compile_graph, run_graph, find_compiled, may_have_compiled,
+    executor.set_backend(compile_graph, find_compiled, may_have_compiled,
                          numpy_one_blas_thread(), compiled_size, unsupported_dtype)
 
 

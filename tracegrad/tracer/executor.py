@@ -24,7 +24,7 @@ from ..config import config
 from ..ir.loops import unrolled_size
 
 # set by tracegrad.runtime: compile(graph) -> callable(list of arrays) -> list of arrays,
-# run(graph, args), lookup(graph) -> compiled code already cached, or None
+# lookup(graph) -> compiled code already cached, or None (see set_backend for the rest)
 _backend: dict[str, Callable] = {}
 _reference = importlib.import_module("tracegrad.ir.interpret")   # ir.interpret is the function
 
@@ -51,8 +51,8 @@ def collector_paused():
             gc.enable()
 
 
-def set_backend(compile_fn: Callable, run_fn: Callable,
-                lookup_fn: Callable | None = None, may_hit_fn: Callable | None = None,
+def set_backend(compile_fn: Callable, lookup_fn: Callable | None = None,
+                may_hit_fn: Callable | None = None,
                 one_blas_thread: Any = None, size_fn: Callable | None = None,
                 unsupported_fn: Callable | None = None) -> None:
     """`one_blas_thread`: a context manager keeping numpy's BLAS to one thread. `size_fn`:
@@ -64,7 +64,6 @@ def set_backend(compile_fn: Callable, run_fn: Callable,
         _backend["size"] = size_fn
     if unsupported_fn is not None:
         _backend["unsupported"] = unsupported_fn
-    _backend["run"] = run_fn
     if lookup_fn is not None:
         _backend["lookup"] = lookup_fn
     if may_hit_fn is not None:
@@ -139,7 +138,7 @@ def _tiered(graph: ir.Graph) -> bool:
 def execute(graph: ir.Graph, args: Sequence[Any]) -> list[np.ndarray]:
     """Run an (optimised) graph once; compiled code is cached by the backend. With tiering,
     a graph not compiled before is interpreted until it is hot."""
-    if config.disable_jit or config.debug_nans or "run" not in _backend:
+    if config.disable_jit or config.debug_nans or "compile" not in _backend:
         return _interpret(graph, args)
     if not _tiered(graph):
         return _native(graph)(args)
