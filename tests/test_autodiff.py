@@ -297,6 +297,23 @@ def test_stop_gradient():
     np.testing.assert_array_equal(tg.stop_gradient(X), X)
 
 
+def test_stop_gradient_of_a_pytree():
+    """Mapped leaf by leaf, as jax.lax.stop_gradient (a list of arrays was stacked into one
+    array, a dict raised)."""
+    p = {"w": X, "b": [X[0], X[1]]}
+    out = tg.stop_gradient(p)
+    assert type(out) is dict and type(out["b"]) is list and len(out["b"]) == 2
+    np.testing.assert_array_equal(out["b"][1], X[1])
+
+    def f(p):
+        q = tg.stop_gradient(p)
+        return tg.sum(p["w"] * q["w"]) + tg.sum(p["b"][0] * q["b"][1] ** 2)
+    g = tg.grad(f)(p)
+    np.testing.assert_allclose(g["w"], X, rtol=1e-12)
+    np.testing.assert_allclose(g["b"][0], X[1] ** 2, rtol=1e-12)
+    np.testing.assert_array_equal(g["b"][1], 0.0)
+
+
 def test_integer_argument_gets_zero_cotangent_in_vjp():
     out, fn = tg.vjp(lambda x, n: x * tg.astype(n, tg.float64), X, np.arange(4))
     gx, gn = fn(np.ones_like(X))

@@ -35,7 +35,24 @@ UPDATES = {
                     lambda y, v: np.add.at(y, [0, 3, 0], v)),
     "add_indices_axis1": (lambda x, v: x.at[:, [4, 4, 1]].add(v[0, :3]),
                           lambda y, v: np.add.at(y, (slice(None), [4, 4, 1]), v[0, :3])),
+    # the other updates by an index array: repeated indices apply in order (numpy's ufunc.at;
+    # set: the last one wins)
+    "set_indices": (lambda x, v: x.at[np.array([3, 0, 3])].set(v * ROWS),
+                    lambda y, v: [y.__setitem__(i, r) for i, r in zip([3, 0, 3], v * ROWS)]),
+    "set_indices_unique": (lambda x, v: x.at[np.array([2, 0])].set(v[0] * ROWS[:2]),
+                           lambda y, v: y.__setitem__([2, 0], v[0] * ROWS[:2])),
+    "set_indices_axis1": (lambda x, v: x.at[:, [4, 1]].set(v[0, :4, None]),
+                          lambda y, v: y.__setitem__((slice(None), [4, 1]), v[0, :4, None])),
+    "multiply_indices": (lambda x, v: x.at[[1, 2, 1]].multiply(v * ROWS),
+                         lambda y, v: np.multiply.at(y, [1, 2, 1], v * ROWS)),
+    "divide_indices": (lambda x, v: x.at[[0, 0]].divide(v),
+                       lambda y, v: np.divide.at(y, [0, 0], v)),
+    "min_indices": (lambda x, v: x.at[:, [0, 2, 0]].min(v[0, :3]),
+                    lambda y, v: np.minimum.at(y, (slice(None), [0, 2, 0]), v[0, :3])),
+    "max_indices_2d": (lambda x, v: x.at[np.array([[2], [0]])].max(v - 1.0),
+                       lambda y, v: np.maximum.at(y, np.array([[2], [0]]), v - 1.0)),
 }
+ROWS = np.array([[1.0], [-2.0], [3.0]])
 
 
 def _ours(name):
@@ -76,7 +93,8 @@ def test_get_is_indexing():
 
 @pytest.mark.skipif(jax is None, reason="jax is not installed")
 @pytest.mark.parametrize("name", ["set_row", "set_strided", "add_column", "multiply",
-                                  "add_indices", "add_indices_axis1"])
+                                  "add_indices", "add_indices_axis1", "set_indices_unique",
+                                  "set_indices_axis1", "min_indices", "max_indices_2d"])
 def test_updates_and_gradients_match_jax(name):
     jnp = jax.numpy     # (in float64: conftest.anchors turns x64 on)
     ours = lambda x, v: tg.sum(tg.sin(_ours(name)(x, v)))   # noqa: E731
@@ -116,7 +134,19 @@ def test_update_errors_name_the_update_and_the_axis():
     with pytest.raises(IndexError, match=r"at\[\]\.subtract: index 7 is out of bounds"):
         tg.jit(lambda x: x.at[np.array([1, 7])].subtract(1.0))(X)
     with pytest.raises(NotImplementedError, match=r"at\[\]\.set: only ints, slices"):
-        tg.jit(lambda x: x.at[np.array([1, 2])].set(0.0))(X)
+        tg.jit(lambda x: x.at[[1], [2]].set(0.0))(X)
+    with pytest.raises(NotImplementedError, match=r"at\[\]\.max: the index array is traced"):
+        tg.jit(lambda x, i: x.at[i].max(0.0))(X, np.array([1, 2]))
+    with pytest.raises(IndexError, match=r"at\[\]\.multiply: index 4 is out of bounds"):
+        tg.jit(lambda x: x.at[[0, 4]].multiply(2.0))(X)
+
+
+def test_set_by_index_array_copies_values_exactly():
+    """-0.0, NaN and inf land as they are (the rounds copy, never add)."""
+    got = tg.jit(lambda x: x.at[[2, 0, 2]].set(np.array([np.nan, -np.inf, -0.0])))(np.ones(3))
+    assert np.isneginf(got[0]) and got[1] == 1.0 and got[2] == 0.0 and np.signbit(got[2])
+    np.testing.assert_array_equal(tg.jit(lambda x: x.at[np.array([], np.int64)].set(5.0))(
+        np.ones(3)), np.ones(3))
 
 
 def test_tensor_slice_assignment_out_of_bounds_raises_as_torch():

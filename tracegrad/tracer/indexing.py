@@ -197,8 +197,10 @@ def update(x: Any, index: Any, v: Any, combine: Any = None, what: str = "update"
 class _At:
     """`x.at[index]`: JAX's functional updates of an indexed part of a traced value, each a
     new value (`set`, `add`, `subtract`, `multiply`, `divide`, `power`, `min`, `max`), and
-    `get()`. A basic index is one update_slice; `add`/`subtract` also take one integer
-    array along an axis (repeated indices accumulate, as a scatter-add)."""
+    `get()`. A basic index is one update_slice. Every update also takes one integer array
+    along an axis (with full slices on the others): `add`/`subtract` as a scatter-add (the
+    array may be traced); the others need a concrete array (numpy, a list), whose repeated
+    indices apply in order, as numpy's `ufunc.at` does (`set`: the last one wins)."""
     __slots__ = ("x", "index")
 
     def __init__(self, x: Any, index: Any = None):
@@ -211,6 +213,9 @@ class _At:
         return getitem(self.x, self.index)
 
     def set(self, v: Any) -> Any:
+        axis = self._array_axis()
+        if axis is not None:
+            return self._in_rounds(v, axis, None, "at[].set")
         return update(self.x, self.index, v, None, "at[].set")
 
     def add(self, v: Any) -> Any:
@@ -226,18 +231,33 @@ class _At:
         return update(self.x, self.index, v, E.sub, "at[].subtract")
 
     def multiply(self, v: Any) -> Any:
+        axis = self._array_axis()
+        if axis is not None:
+            return self._in_rounds(v, axis, E.mul, "at[].multiply")
         return update(self.x, self.index, v, E.mul, "at[].multiply")
 
     def divide(self, v: Any) -> Any:
+        axis = self._array_axis()
+        if axis is not None:
+            return self._in_rounds(v, axis, E.div, "at[].divide")
         return update(self.x, self.index, v, E.div, "at[].divide")
 
     def power(self, v: Any) -> Any:
+        axis = self._array_axis()
+        if axis is not None:
+            return self._in_rounds(v, axis, E.pow, "at[].power")
         return update(self.x, self.index, v, E.pow, "at[].power")
 
     def min(self, v: Any) -> Any:
+        axis = self._array_axis()
+        if axis is not None:
+            return self._in_rounds(v, axis, E.minimum, "at[].min")
         return update(self.x, self.index, v, E.minimum, "at[].min")
 
     def max(self, v: Any) -> Any:
+        axis = self._array_axis()
+        if axis is not None:
+            return self._in_rounds(v, axis, E.maximum, "at[].max")
         return update(self.x, self.index, v, E.maximum, "at[].max")
 
     def _array_axis(self) -> int | None:
@@ -257,3 +277,44 @@ class _At:
         target = shape[:axis] + tuple(E.shape_of(idx)) + shape[axis + 1:]
         v = E.broadcast_to(E.asdtype(v, E.dtype_of(x)), target)
         return x + E.scatter_add(v, idx, axis, n)
+
+    def _in_rounds(self, v: Any, axis: int, combine: Any, what: str) -> Any:
+        """The update by a concrete index array along `axis`, in rounds: round r applies the
+        r-th occurrence of every index (unique within the round), read with take and written
+        back with a take from the round's values and a where (exact copies: no arithmetic
+        on the values set, so a -0.0 or a NaN lands as it is)."""
+        x = self.x
+        shape = tuple(E.shape_of(x))
+        n = shape[axis]
+        idx = _index_array(_expand(self.index, len(shape))[axis], n, axis, what)
+        if isinstance(idx, Traced):
+            raise NotImplementedError(
+                f"{what}: the index array is traced, and which of its repeated indices "
+                "applies when is known only at run time; use a concrete index array (numpy or "
+                "a list, not an argument of the traced function) or at[].add" + _at_user())
+        v = E.broadcast_to(E.asdtype(v, E.dtype_of(x)), shape[:axis] + idx.shape
+                           + shape[axis + 1:])
+        flat = idx.reshape(-1).astype(np.int64)
+        v = E.reshape(v, shape[:axis] + (flat.size,) + shape[axis + 1:])
+        if not flat.size:
+            return x
+        # each entry's rank among the entries of its index, in order
+        order = np.argsort(flat, kind="stable")
+        ranked = flat[order]
+        first = np.r_[True, ranked[1:] != ranked[:-1]]
+        at_first = np.maximum.accumulate(np.where(first, np.arange(flat.size), 0))
+        rank = np.empty(flat.size, np.int64)
+        rank[order] = np.arange(flat.size) - at_first
+        bcast = [1] * len(shape)
+        bcast[axis] = n
+        for r in range(int(rank.max()) + 1):
+            ks = np.flatnonzero(rank == r)
+            at = flat[ks]
+            vr = v if ks.size == flat.size else E.take(v, ks, axis)
+            new = vr if combine is None else combine(E.take(x, at, axis), vr)
+            src = np.zeros(n, np.int64)
+            src[at] = np.arange(at.size)
+            hit = np.zeros(n, np.bool_)
+            hit[at] = True
+            x = E.where(hit.reshape(bcast), E.take(new, src, axis), x)
+        return x

@@ -12,6 +12,7 @@ from ..ir import emit as E
 from ..ir.builder import Traced
 from ..ir.ops import ShapeError, broadcast_shapes
 from .dispatch import op
+from .pytree import NODE_TYPES, tree_map
 
 float32 = np.dtype(np.float32)
 float64 = np.dtype(np.float64)
@@ -170,8 +171,18 @@ clamp = clip
 
 
 @op("StopGradient")
-def stop_gradient(x: Any) -> Any:
+def _stop_gradient(x: Any) -> Any:
     return E.stop_gradient(_arr(x))
+
+
+def stop_gradient(x: Any) -> Any:
+    """`x` as a constant to differentiation (its gradient is zero). A pytree — a tuple, list
+    or dict of arrays, a namedtuple, a registered type — is mapped leaf by leaf, as
+    jax.lax.stop_gradient does (an array-like list is not stacked into one array)."""
+    if type(x) in (tuple, list, dict) or type(x) in NODE_TYPES or \
+            (isinstance(x, tuple) and hasattr(x, "_fields")):
+        return tree_map(_stop_gradient, x)
+    return _stop_gradient(x)
 
 
 @op("ToCopy")
