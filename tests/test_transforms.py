@@ -7,9 +7,11 @@ from collections import namedtuple
 
 import numpy as np
 import pytest
-from conftest import numerical_jvp, rand
+from conftest import anchors, numerical_jvp, rand
 
 import tracegrad as tg
+
+_, jax = anchors()
 
 X = rand(3, seed=1)
 Y = rand(3, seed=2)
@@ -449,6 +451,63 @@ def test_jacobians_and_hessian_of_several_arguments():
     np.testing.assert_array_equal(h_bb, 0)
     (only,) = tg.jacrev(f, argnums=(1,))(X, Y)
     np.testing.assert_allclose(only, np.diag(X))
+
+
+def _pytree_jacobian_case():
+    rng = np.random.default_rng(3)
+    p = {"w": rng.standard_normal((3, 2)), "b": rng.standard_normal(2)}
+    x = rng.standard_normal((4, 3))
+
+    def f(p, x, np_=tg):
+        h = np_.tanh(x @ p["w"] + p["b"])
+        return {"h": h, "s": (np_.sum(h * h), h[0] * 2.0)}
+    return f, p, x
+
+
+@pytest.mark.parametrize("jac", ["jacrev", "jacfwd"])
+def test_jacobians_of_pytree_arguments_and_outputs(jac):
+    """As JAX nests them: the output's structure, each leaf replaced by the argument's
+    structure (by a tuple of those for a tuple argnums), blocks of shape out + arg; checked
+    against central differences. (Only one array in and one out were taken.)"""
+    f, p, x = _pytree_jacobian_case()
+    J = getattr(tg, jac)
+    out_leaves, _ = tg.tree_flatten(f(p, x))
+    got = tg.tree_flatten(J(f, argnums=(0, 1))(p, x))[0]   # per output leaf: b, w, x
+
+    def output(j, p, x):
+        return np.asarray(tg.tree_flatten(f(p, x))[0][j])
+    for j, o in enumerate(out_leaves):
+        for k, name in enumerate(("b", "w")):
+            want = fd_jacobian(lambda v, j=j, name=name: output(j, p | {name: v}, x), p[name])
+            assert got[3 * j + k].shape == np.shape(o) + p[name].shape
+            np.testing.assert_allclose(got[3 * j + k], want, rtol=1e-6, atol=1e-8)
+        want = fd_jacobian(lambda v, j=j: output(j, p, v), x)
+        np.testing.assert_allclose(got[3 * j + 2], want, rtol=1e-6, atol=1e-8)
+    assert tg.tree_flatten(J(f)(p, x))[1] == tg.tree_flatten(
+        {"h": {"b": 0, "w": 0}, "s": ({"b": 0, "w": 0}, {"b": 0, "w": 0})})[1]
+
+
+@pytest.mark.skipif(jax is None, reason="jax is not installed")
+@pytest.mark.parametrize("jac", ["jacrev", "jacfwd", "hessian"])
+def test_jacobians_of_pytrees_match_jax(jac):
+    f, p, x = _pytree_jacobian_case()
+    jnp = jax.numpy
+    if jac == "hessian":
+        ours = tg.hessian(lambda p, x: f(p, x)["s"][0], argnums=(0, 1))(p, x)
+        theirs = jax.hessian(lambda p, x: f(p, x, jnp)["s"][0], argnums=(0, 1))(p, x)
+    else:
+        ours = getattr(tg, jac)(f, argnums=(0, 1))(p, x)
+        theirs = getattr(jax, jac)(lambda p, x: f(p, x, jnp), argnums=(0, 1))(p, x)
+    a, ta = jax.tree_util.tree_flatten(ours)
+    b, tb = jax.tree_util.tree_flatten(theirs)
+    assert ta == tb
+    for u, v in zip(a, b, strict=True):
+        np.testing.assert_allclose(u, np.asarray(v), rtol=1e-10, atol=1e-12)
+
+
+def test_jacobians_want_float_outputs():
+    with pytest.raises(TypeError, match="jacrev requires real-valued floating point outputs"):
+        tg.jacrev(lambda x: tg.argmax(x))(X)
 
 
 def test_jvp_wants_its_primals_in_a_tuple():

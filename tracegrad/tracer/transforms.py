@@ -265,104 +265,111 @@ def jvp(f: Callable, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple:
     return tree_unflatten(tf.out_tree, res[:n]), tree_unflatten(tf.out_tree, res[n:])
 
 
-def _single_array_io(f: Callable, args: Sequence[Any], argnum: int, fname: str):
-    static = _static_args(args, (argnum,))
+def _jacobian_io(f: Callable, args: Sequence[Any], argnums: int | Sequence[int], fname: str):
+    """Trace `f` for a Jacobian by the arguments `argnums`: (traced function, its flat
+    leaves, its graph, the flat indices of the differentiated leaves, what they make up: the
+    argument, or a tuple of the arguments for a sequence `argnums`)."""
+    nums = _argnums(argnums, len(args), fname)
+    static = _static_args(args, nums)
     tf, leaves = trace(f, args, static)
-    g = tf.graph
-    if len(g.outvars) != 1:
-        raise TypeError(f"{fname} supports functions returning a single array")
     ranges = _leaf_ranges(args, static)
-    if len(ranges[argnum]) != 1:
-        raise TypeError(f"{fname} supports a single array argument at argnums")
-    wrt = ranges[argnum][0]
-    _check_float(leaves, [wrt], fname)
-    return tf, leaves, g, wrt
+    wrt = [i for n in nums for i in ranges[n]]
+    _check_float(leaves, wrt, fname)
+    for k, o in enumerate(tf.graph.outvars):
+        if not ir.is_float(o.aval.dtype):
+            raise TypeError(f"{fname} requires real-valued floating point outputs, but output "
+                            f"leaf {k} has dtype {o.aval.dtype}")
+    arg = args[nums[0]] if isinstance(argnums, int) else tuple(args[n] for n in nums)
+    return tf, leaves, tf.graph, wrt, arg
 
 
-def _per_argnum(jac: Callable, f: Callable, argnums: Sequence[int]) -> Callable:
-    """`jac(f, argnums)` for a sequence `argnums`: a tuple, one Jacobian per argument (as
-    JAX gives)."""
-    @functools.wraps(f)
-    def each(*args: Any) -> tuple:
-        return tuple(jac(f, n)(*args) for n in _argnums(argnums, len(args), jac.__name__))
-    return each
+def _jacobian_tree(b: Builder, tf: Any, arg: Any, blocks: list[list[Any]],
+                   leaves: list) -> Any:
+    """Run the Jacobian blocks `blocks[output leaf][argument leaf]` built in `b` and nest
+    them as JAX does: the output's structure, each leaf replaced by the argument's."""
+    flat = _run(b.build([j for row in blocks for j in row]), tf.captured, leaves)
+    it = iter(flat)
+    arg_tree = tree_flatten(arg)[1]
+    return tree_unflatten(tf.out_tree, [tree_unflatten(arg_tree, [next(it) for _ in row])
+                                        for row in blocks])
 
 
 def jacrev(f: Callable, argnums: int | Sequence[int] = 0) -> Callable:
-    """The Jacobian by reverse mode: one backward pass per output element, in one graph. A
-    tuple `argnums` gives a tuple of Jacobians."""
-    if not isinstance(argnums, int):
-        return _per_argnum(jacrev, f, argnums)
-
+    """The Jacobian by reverse mode: one backward pass per output element, in one graph. As
+    in JAX, the argument and the output may be pytrees: the result has the output's
+    structure, each leaf replaced by the argument's structure of blocks of shape
+    `out_leaf.shape + arg_leaf.shape`; for a tuple `argnums`, by a tuple of those, one per
+    argument."""
     @functools.wraps(f)
     def jac(*args: Any) -> Any:
-        n = _argnums(argnums, len(args), "jacrev")[0]
-        tf, leaves, g, wrt = _single_array_io(f, args, n, "jacrev")
-        out = g.outvars[0].aval
-        x = g.invars[wrt].aval
+        tf, leaves, g, wrt, arg = _jacobian_io(f, args, argnums, "jacrev")
         b = Builder("jacrev")
         ins = [b.new_input(v.aval) for v in g.invars]
-        rows = []
-        for k in range(out.size):
-            basis = np.zeros(out.size, out.dtype)
-            basis[k] = 1
-            _, (gr,) = ir.backward_pass(b, g, ins, [basis.reshape(out.shape)], [wrt])
-            rows.append(gr)
-        with b.active():
-            if rows:
-                flat = E.concatenate([E.reshape(r, (1, x.size)) for r in rows], 0)
-            else:
-                flat = E.full((0, x.size), 0, x.dtype)
-            J = E.reshape(flat, out.shape + x.shape)
-        (res,) = _run(b.build([J]), tf.captured, leaves)
-        return res
+        xs = [g.invars[i].aval for i in wrt]
+        blocks = []
+        for k, o in enumerate(g.outvars):
+            out = o.aval
+            rows: list[list[Any]] = [[] for _ in wrt]
+            for e in range(out.size):
+                basis = np.zeros(out.size, out.dtype)
+                basis[e] = 1
+                cts: list[Any] = [None] * len(g.outvars)
+                cts[k] = basis.reshape(out.shape)
+                _, grads = ir.backward_pass(b, g, ins, cts, wrt)
+                for r, gr, x in zip(rows, grads, xs, strict=True):
+                    r.append(gr if gr is not None else np.zeros(x.shape, x.dtype))
+            with b.active():
+                blocks.append([_stacked(r, 0, out, x) for r, x in zip(rows, xs, strict=True)])
+        return _jacobian_tree(b, tf, arg, blocks, leaves)
     return jac
 
 
-def jacfwd(f: Callable, argnums: int | Sequence[int] = 0) -> Callable:
-    """The Jacobian by forward mode: one tangent per input element, in one graph. A tuple
-    `argnums` gives a tuple of Jacobians."""
-    if not isinstance(argnums, int):
-        return _per_argnum(jacfwd, f, argnums)
+def _stacked(parts: list, axis: int, out: Any, x: Any) -> Traced:
+    """One Jacobian block of shape out.shape + x.shape from its rows (axis 0: one per
+    output element, each of x's shape) or columns (axis 1: one per element of x)."""
+    if axis == 0:
+        flat = E.concatenate([E.reshape(p, (1, x.size)) for p in parts], 0) if parts else \
+            E.full((0, x.size), 0, x.dtype)
+    else:
+        flat = E.concatenate([E.reshape(p, (out.size, 1)) for p in parts], 1) if parts else \
+            E.full((out.size, 0), 0, out.dtype)
+    return E.reshape(flat, out.shape + x.shape)
 
+
+def jacfwd(f: Callable, argnums: int | Sequence[int] = 0) -> Callable:
+    """The Jacobian by forward mode: one tangent per input element, in one graph. Pytree
+    arguments and outputs, and a tuple `argnums`, as `jacrev`."""
     @functools.wraps(f)
     def jac(*args: Any) -> Any:
-        n = _argnums(argnums, len(args), "jacfwd")[0]
-        tf, leaves, g, wrt = _single_array_io(f, args, n, "jacfwd")
-        out = g.outvars[0].aval
-        x = g.invars[wrt].aval
+        tf, leaves, g, wrt, arg = _jacobian_io(f, args, argnums, "jacfwd")
         b = Builder("jacfwd")
         ins = [b.new_input(v.aval) for v in g.invars]
-        cols = []
-        for k in range(x.size):
-            basis = np.zeros(x.size, x.dtype)
-            basis[k] = 1
-            tans = [None] * len(g.invars)
-            tans[wrt] = basis.reshape(x.shape)
-            _, (t,) = ir.forward_pass(b, g, ins, tans)
-            with b.active():
-                t = t if t is not None else E.full(out.shape, 0, out.dtype)
-                cols.append(E.reshape(t, (out.size, 1)))
+        outs = [o.aval for o in g.outvars]
+        cols: list[list[list[Any]]] = [[[] for _ in wrt] for _ in outs]
+        for j, i in enumerate(wrt):
+            x = g.invars[i].aval
+            for e in range(x.size):
+                basis = np.zeros(x.size, x.dtype)
+                basis[e] = 1
+                tans: list[Any] = [None] * len(g.invars)
+                tans[i] = basis.reshape(x.shape)
+                _, touts = ir.forward_pass(b, g, ins, tans)
+                with b.active():
+                    for k, (t, out) in enumerate(zip(touts, outs, strict=True)):
+                        cols[k][j].append(t if t is not None
+                                          else E.full(out.shape, 0, out.dtype))
         with b.active():
-            flat = E.concatenate(cols, 1) if cols else E.full((out.size, 0), 0, out.dtype)
-            J = E.reshape(flat, out.shape + x.shape)
-        (res,) = _run(b.build([J]), tf.captured, leaves)
-        return res
+            blocks = [[_stacked(cols[k][j], 1, out, g.invars[i].aval)
+                       for j, i in enumerate(wrt)] for k, out in enumerate(outs)]
+        return _jacobian_tree(b, tf, arg, blocks, leaves)
     return jac
 
 
 def hessian(f: Callable, argnums: int | Sequence[int] = 0) -> Callable:
-    """Second derivatives: forward over reverse. A tuple `argnums` gives nested tuples,
-    `h[i][j]` the derivative by argument argnums[j] of the gradient by argnums[i] (JAX's
-    layout)."""
-    if isinstance(argnums, int):
-        return jacfwd(jacrev(f, argnums), argnums)
-
-    @functools.wraps(f)
-    def blocks(*args: Any) -> tuple:
-        nums = _argnums(argnums, len(args), "hessian")
-        return tuple(tuple(jacfwd(jacrev(f, i), j)(*args) for j in nums) for i in nums)
-    return blocks
+    """Second derivatives: forward over reverse, `jacfwd(jacrev(f, argnums), argnums)`. A
+    tuple `argnums` gives nested tuples, `h[i][j]` the derivative by argument argnums[j] of
+    the gradient by argnums[i] (JAX's layout)."""
+    return jacfwd(jacrev(f, argnums), argnums)
 
 
 def make_ir(f: Callable, static_argnums: Sequence[int] = ()) -> Callable[..., ir.Graph]:
