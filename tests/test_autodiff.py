@@ -312,6 +312,7 @@ def test_stop_gradient_of_a_pytree():
     np.testing.assert_allclose(g["w"], X, rtol=1e-12)
     np.testing.assert_allclose(g["b"][0], X[1] ** 2, rtol=1e-12)
     np.testing.assert_array_equal(g["b"][1], 0.0)
+    assert tg.stop_gradient(None) is None
 
 
 def test_integer_argument_gets_zero_cotangent_in_vjp():

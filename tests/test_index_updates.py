@@ -141,6 +141,28 @@ def test_update_errors_name_the_update_and_the_axis():
         tg.jit(lambda x: x.at[[0, 4]].multiply(2.0))(X)
 
 
+def test_updates_by_index_array_keep_the_dtype_as_basic_ones_do():
+    xi = np.arange(6, dtype=np.int32) + 3
+    got = tg.jit(lambda x: x.at[[1, 1, 4]].divide(2))(xi)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, tg.jit(lambda x: x.at[4].divide(2).at[1].divide(2)
+                                             .at[1].divide(2))(xi))
+    # a small negative index type into a long axis (it overflowed adding the length)
+    got = tg.jit(lambda x: x.at[np.array([-100], np.int8)].set(0.0))(np.ones(300))
+    assert got[200] == 0.0 and got.sum() == 299
+
+
+def test_set_by_index_array_writes_each_index_once():
+    """Only the last entry of a repeated index counts: one round, however many repeats."""
+    idx = np.array([3, 1, 3] * 50)
+    g = tg.make_ir(lambda x, v: x.at[idx].set(v))(X, rand(150, 5, seed=4))
+    assert sum(e.op == "select" or e.op == "where" for e in g.eqns) == 1
+    v = rand(150, 5, seed=4)
+    want = np.array(X)
+    want[1], want[3] = v[148], v[149]
+    np.testing.assert_array_equal(tg.jit(lambda x, v: x.at[idx].set(v))(X, v), want)
+
+
 def test_set_by_index_array_copies_values_exactly():
     """-0.0, NaN and inf land as they are (the rounds copy, never add)."""
     got = tg.jit(lambda x: x.at[[2, 0, 2]].set(np.array([np.nan, -np.inf, -0.0])))(np.ones(3))

@@ -51,7 +51,9 @@ def _index_array(idx: Any, n: int, axis: int, what: str) -> Any:
     if bad.size:
         raise IndexError(f"{what}: index {int(bad[0])} is out of bounds for axis {axis} "
                          f"with size {n}" + _at_user())
-    return np.where(idx < 0, idx + n, idx) if idx.size and idx.min() < 0 else idx
+    # (widened first: a small integer type overflows adding n)
+    return np.where(idx < 0, idx.astype(np.int64) + n, idx) if idx.size and idx.min() < 0 \
+        else idx
 
 
 def _expand(index: Any, ndim: int) -> list[Any]:
@@ -172,7 +174,8 @@ def _basic_slices(shape: tuple, index: Any, what: str) -> tuple[list, list, list
         else:
             raise NotImplementedError(
                 f"{what}: only ints, slices, None and '...' index an update (got "
-                f"{type(item).__name__}); use tg.where for a mask")
+                f"{type(item).__name__}), or one integer array with full ':' slices on the "
+                "other axes; use tg.where for a mask")
         dim += 1
     return slices, sub, target
 
@@ -298,6 +301,12 @@ class _At:
         v = E.reshape(v, shape[:axis] + (flat.size,) + shape[axis + 1:])
         if not flat.size:
             return x
+        if combine is None:     # set: only the last entry of each index counts (one round)
+            _, last = np.unique(flat[::-1], return_index=True)
+            keep = np.sort(flat.size - 1 - last)
+            if keep.size < flat.size:
+                v = E.take(v, keep, axis)
+                flat = flat[keep]
         # each entry's rank among the entries of its index, in order
         order = np.argsort(flat, kind="stable")
         ranked = flat[order]
@@ -311,7 +320,8 @@ class _At:
             ks = np.flatnonzero(rank == r)
             at = flat[ks]
             vr = v if ks.size == flat.size else E.take(v, ks, axis)
-            new = vr if combine is None else combine(E.take(x, at, axis), vr)
+            new = vr if combine is None else \
+                E.asdtype(combine(E.take(x, at, axis), vr), E.dtype_of(x))  # (int / int)
             src = np.zeros(n, np.int64)
             src[at] = np.arange(at.size)
             hit = np.zeros(n, np.bool_)

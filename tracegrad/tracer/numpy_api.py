@@ -179,7 +179,7 @@ def stop_gradient(x: Any) -> Any:
     """`x` as a constant to differentiation (its gradient is zero). A pytree — a tuple, list
     or dict of arrays, a namedtuple, a registered type — is mapped leaf by leaf, as
     jax.lax.stop_gradient does (an array-like list is not stacked into one array)."""
-    if type(x) in (tuple, list, dict) or type(x) in NODE_TYPES or \
+    if x is None or type(x) in (tuple, list, dict) or type(x) in NODE_TYPES or \
             (isinstance(x, tuple) and hasattr(x, "_fields")):
         return tree_map(_stop_gradient, x)
     return _stop_gradient(x)
