@@ -505,9 +505,17 @@ def test_jacobians_of_pytrees_match_jax(jac):
         np.testing.assert_allclose(u, np.asarray(v), rtol=1e-10, atol=1e-12)
 
 
-def test_jacobians_want_float_outputs():
+def test_jacobians_of_integer_outputs_and_by_integer_arguments():
     with pytest.raises(TypeError, match="jacrev requires real-valued floating point outputs"):
         tg.jacrev(lambda x: tg.argmax(x))(X)
+    zero, two = tg.jacfwd(lambda x: (tg.argmax(x), x * 2.0))(X)    # (as jax.jacfwd)
+    assert zero.dtype == np.int64 and zero.shape == (3,) and not zero.any()
+    np.testing.assert_array_equal(two, 2 * np.eye(3))
+    # a leaf of a pytree argument is named by its argument, not its flat position
+    with pytest.raises(TypeError, match="but argument 1 has dtype int64"):
+        tg.jacrev(lambda p, i: p["a"] * 2.0, argnums=(0, 1))({"a": X, "b": X}, np.array([1]))
+    with pytest.raises(TypeError, match=r"but argument 0 \(its leaf 1\) has dtype int64"):
+        tg.grad(lambda p: tg.sum(p["a"]))({"a": X, "b": np.ones(2, np.int64)})
 
 
 def test_jvp_wants_its_primals_in_a_tuple():

@@ -55,12 +55,20 @@ def _leaf_ranges(args: Sequence[Any], static: Sequence[int] = ()) -> list[range]
     return out
 
 
-def _check_float(leaves: Sequence[Any], idx: Sequence[int], fname: str) -> None:
+def _check_float(leaves: Sequence[Any], idx: Sequence[int], fname: str,
+                 ranges: Sequence[range] | None = None) -> None:
+    """TypeError unless the leaves `idx` are floats. `ranges` (each argument's leaves) names
+    a leaf of a pytree argument by its argument instead of its flat position."""
     for i in idx:
         dtype = ir.emit.dtype_of(leaves[i])
         if not ir.is_float(dtype):
-            raise TypeError(f"{fname} requires real-valued floating point inputs, but input "
-                            f"{i} has dtype {dtype}; only float arguments can be "
+            what = f"input {i}"
+            for n, r in enumerate(ranges or ()):
+                if i in r:
+                    what = f"argument {n}" + (f" (its leaf {i - r.start})" if len(r) > 1
+                                              else "")
+            raise TypeError(f"{fname} requires real-valued floating point inputs, but "
+                            f"{what} has dtype {dtype}; only float arguments can be "
                             "differentiated (cast with tg.astype(x, tg.float32), or exclude "
                             "it with argnums)")
 
@@ -105,7 +113,7 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
             if type(a) is not np.ndarray or a.dtype.kind == "O":
                 dyn = flatten_args(dyn)[0]
                 break
-        _check_float(dyn, wrt, "grad")     # (numeric arrays only: each its own leaf)
+        _check_float(dyn, wrt, "grad", ranges)     # (numeric arrays only: each its own leaf)
         tf, leaves = trace(f, args, static)
         return tf, leaves, Started(nums, static, ranges, wrt)
 
@@ -274,9 +282,9 @@ def _jacobian_io(f: Callable, args: Sequence[Any], argnums: int | Sequence[int],
     tf, leaves = trace(f, args, static)
     ranges = _leaf_ranges(args, static)
     wrt = [i for n in nums for i in ranges[n]]
-    _check_float(leaves, wrt, fname)
+    _check_float(leaves, wrt, fname, ranges)
     for k, o in enumerate(tf.graph.outvars):
-        if not ir.is_float(o.aval.dtype):
+        if fname == "jacrev" and not ir.is_float(o.aval.dtype):     # (jacfwd: zeros, as JAX)
             raise TypeError(f"{fname} requires real-valued floating point outputs, but output "
                             f"leaf {k} has dtype {o.aval.dtype}")
     arg = args[nums[0]] if isinstance(argnums, int) else tuple(args[n] for n in nums)
