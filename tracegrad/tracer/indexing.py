@@ -216,10 +216,7 @@ class _At:
         return getitem(self.x, self.index)
 
     def set(self, v: Any) -> Any:
-        axis = self._array_axis()
-        if axis is not None:
-            return self._in_rounds(v, axis, None, "at[].set")
-        return update(self.x, self.index, v, None, "at[].set")
+        return self._apply(v, None, "at[].set")
 
     def add(self, v: Any) -> Any:
         axis = self._array_axis()
@@ -234,34 +231,26 @@ class _At:
         return update(self.x, self.index, v, E.sub, "at[].subtract")
 
     def multiply(self, v: Any) -> Any:
-        axis = self._array_axis()
-        if axis is not None:
-            return self._in_rounds(v, axis, E.mul, "at[].multiply")
-        return update(self.x, self.index, v, E.mul, "at[].multiply")
+        return self._apply(v, E.mul, "at[].multiply")
 
     def divide(self, v: Any) -> Any:
-        axis = self._array_axis()
-        if axis is not None:
-            return self._in_rounds(v, axis, E.div, "at[].divide")
-        return update(self.x, self.index, v, E.div, "at[].divide")
+        return self._apply(v, E.div, "at[].divide")
 
     def power(self, v: Any) -> Any:
-        axis = self._array_axis()
-        if axis is not None:
-            return self._in_rounds(v, axis, E.pow, "at[].power")
-        return update(self.x, self.index, v, E.pow, "at[].power")
+        return self._apply(v, E.pow, "at[].power")
 
     def min(self, v: Any) -> Any:
-        axis = self._array_axis()
-        if axis is not None:
-            return self._in_rounds(v, axis, E.minimum, "at[].min")
-        return update(self.x, self.index, v, E.minimum, "at[].min")
+        return self._apply(v, E.minimum, "at[].min")
 
     def max(self, v: Any) -> Any:
+        return self._apply(v, E.maximum, "at[].max")
+
+    def _apply(self, v: Any, combine: Any, what: str) -> Any:
+        """The update by a basic index (one update_slice) or by one index array (rounds)."""
         axis = self._array_axis()
         if axis is not None:
-            return self._in_rounds(v, axis, E.maximum, "at[].max")
-        return update(self.x, self.index, v, E.maximum, "at[].max")
+            return self._in_rounds(v, axis, combine, what)
+        return update(self.x, self.index, v, combine, what)
 
     def _array_axis(self) -> int | None:
         """The axis of an index that is one integer array and full slices, else None."""
@@ -272,11 +261,15 @@ class _At:
             return None
         return arrays[0]
 
+    def _indices(self, axis: int, what: str) -> tuple[tuple, int, Any]:
+        """(x's shape, the axis's length, the index array along it, checked)."""
+        shape = tuple(E.shape_of(self.x))
+        n = shape[axis]
+        return shape, n, _index_array(_expand(self.index, len(shape))[axis], n, axis, what)
+
     def _scatter(self, v: Any, axis: int, what: str) -> Any:
         x = self.x
-        shape = tuple(E.shape_of(x))
-        n = shape[axis]
-        idx = _index_array(_expand(self.index, len(shape))[axis], n, axis, what)
+        shape, n, idx = self._indices(axis, what)
         target = shape[:axis] + tuple(E.shape_of(idx)) + shape[axis + 1:]
         v = E.broadcast_to(E.asdtype(v, E.dtype_of(x)), target)
         return x + E.scatter_add(v, idx, axis, n)
@@ -287,9 +280,7 @@ class _At:
         back with a take from the round's values and a where (exact copies: no arithmetic
         on the values set, so a -0.0 or a NaN lands as it is)."""
         x = self.x
-        shape = tuple(E.shape_of(x))
-        n = shape[axis]
-        idx = _index_array(_expand(self.index, len(shape))[axis], n, axis, what)
+        shape, n, idx = self._indices(axis, what)
         if isinstance(idx, Traced):
             raise NotImplementedError(
                 f"{what}: the index array is traced, and which of its repeated indices "

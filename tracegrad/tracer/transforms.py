@@ -67,6 +67,7 @@ def _check_float(leaves: Sequence[Any], idx: Sequence[int], fname: str,
                 if i in r:
                     what = f"argument {n}" + (f" (its leaf {i - r.start})" if len(r) > 1
                                               else "")
+                    break
             raise TypeError(f"{fname} requires real-valued floating point inputs, but "
                             f"{what} has dtype {dtype}; only float arguments can be "
                             "differentiated (cast with tg.astype(x, tg.float32), or exclude "
@@ -273,10 +274,12 @@ def jvp(f: Callable, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple:
     return tree_unflatten(tf.out_tree, res[:n]), tree_unflatten(tf.out_tree, res[n:])
 
 
-def _jacobian_io(f: Callable, args: Sequence[Any], argnums: int | Sequence[int], fname: str):
+def _jacobian_io(f: Callable, args: Sequence[Any], argnums: int | Sequence[int], fname: str,
+                 float_outputs: bool):
     """Trace `f` for a Jacobian by the arguments `argnums`: (traced function, its flat
     leaves, its graph, the flat indices of the differentiated leaves, what they make up: the
-    argument, or a tuple of the arguments for a sequence `argnums`)."""
+    argument, or a tuple of the arguments for a sequence `argnums`). `float_outputs`: an
+    integer output is a TypeError (jacrev; jacfwd gives it zeros, as JAX)."""
     nums = _argnums(argnums, len(args), fname)
     static = _static_args(args, nums)
     tf, leaves = trace(f, args, static)
@@ -284,7 +287,7 @@ def _jacobian_io(f: Callable, args: Sequence[Any], argnums: int | Sequence[int],
     wrt = [i for n in nums for i in ranges[n]]
     _check_float(leaves, wrt, fname, ranges)
     for k, o in enumerate(tf.graph.outvars):
-        if fname == "jacrev" and not ir.is_float(o.aval.dtype):     # (jacfwd: zeros, as JAX)
+        if float_outputs and not ir.is_float(o.aval.dtype):
             raise TypeError(f"{fname} requires real-valued floating point outputs, but output "
                             f"leaf {k} has dtype {o.aval.dtype}")
     arg = args[nums[0]] if isinstance(argnums, int) else tuple(args[n] for n in nums)
@@ -310,7 +313,7 @@ def jacrev(f: Callable, argnums: int | Sequence[int] = 0) -> Callable:
     argument."""
     @functools.wraps(f)
     def jac(*args: Any) -> Any:
-        tf, leaves, g, wrt, arg = _jacobian_io(f, args, argnums, "jacrev")
+        tf, leaves, g, wrt, arg = _jacobian_io(f, args, argnums, "jacrev", True)
         b = Builder("jacrev")
         ins = [b.new_input(v.aval) for v in g.invars]
         xs = [g.invars[i].aval for i in wrt]
@@ -349,7 +352,7 @@ def jacfwd(f: Callable, argnums: int | Sequence[int] = 0) -> Callable:
     arguments and outputs, and a tuple `argnums`, as `jacrev`."""
     @functools.wraps(f)
     def jac(*args: Any) -> Any:
-        tf, leaves, g, wrt, arg = _jacobian_io(f, args, argnums, "jacfwd")
+        tf, leaves, g, wrt, arg = _jacobian_io(f, args, argnums, "jacfwd", False)
         b = Builder("jacfwd")
         ins = [b.new_input(v.aval) for v in g.invars]
         outs = [o.aval for o in g.outvars]
