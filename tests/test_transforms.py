@@ -505,6 +505,55 @@ def test_jacobians_of_pytrees_match_jax(jac):
         np.testing.assert_allclose(u, np.asarray(v), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("jac", ["jacrev", "jacfwd", "hessian"])
+def test_jacobians_with_aux(jac):
+    """has_aux, as in JAX: f returns (out, aux); the result is (the Jacobian of out, aux),
+    aux as f made it (an integer leaf too: only out must be float for jacrev)."""
+    f, p, x = _pytree_jacobian_case()
+
+    def g(p, x):
+        out = f(p, x)
+        scalar = out["s"][0]
+        aux = {"h": out["h"], "n": (tg.argmax(x), x.shape[0])}
+        return (scalar if jac == "hessian" else out), aux
+    J = getattr(tg, jac)
+    got, aux = J(g, argnums=(0, 1), has_aux=True)(p, x)
+    want = J(lambda p, x: g(p, x)[0], argnums=(0, 1))(p, x)
+    a, ta = tg.tree_flatten(got)
+    b, tb = tg.tree_flatten(want)
+    assert ta == tb
+    for u, v in zip(a, b, strict=True):
+        np.testing.assert_allclose(u, v, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(aux["h"], f(p, x)["h"], rtol=1e-12)
+    assert int(aux["n"][0]) == int(np.argmax(x)) and int(aux["n"][1]) == x.shape[0]
+    # under jit as well
+    got2, aux2 = tg.jit(J(g, argnums=(0, 1), has_aux=True))(p, x)
+    for u, v in zip(tg.tree_flatten(got2)[0], a, strict=True):
+        np.testing.assert_allclose(u, v, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(aux2["h"], aux["h"], rtol=1e-12)
+    with pytest.raises(TypeError, match=f"{jac.replace('hessian', 'jacrev')} with has_aux=True "
+                       "needs f to return a pair"):
+        J(lambda p, x: f(p, x)["s"][0], has_aux=True)(p, x)
+
+
+@pytest.mark.skipif(jax is None, reason="jax is not installed")
+@pytest.mark.parametrize("jac", ["jacrev", "jacfwd", "hessian"])
+def test_jacobians_with_aux_match_jax(jac):
+    f, p, x = _pytree_jacobian_case()
+
+    def g(p, x, np_=tg):
+        out = f(p, x, np_)
+        return (out["s"][0] if jac == "hessian" else out), {"h2": out["h"] * 2.0}
+    ours = getattr(tg, jac)(g, argnums=(0, 1), has_aux=True)(p, x)
+    theirs = getattr(jax, jac)(lambda p, x: g(p, x, jax.numpy), argnums=(0, 1),
+                               has_aux=True)(p, x)
+    a, ta = jax.tree_util.tree_flatten(ours)
+    b, tb = jax.tree_util.tree_flatten(theirs)
+    assert ta == tb
+    for u, v in zip(a, b, strict=True):
+        np.testing.assert_allclose(u, np.asarray(v), rtol=1e-10, atol=1e-12)
+
+
 def test_jacobians_of_integer_outputs_and_by_integer_arguments():
     with pytest.raises(TypeError, match="jacrev requires real-valued floating point outputs"):
         tg.jacrev(lambda x: tg.argmax(x))(X)

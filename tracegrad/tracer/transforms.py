@@ -275,50 +275,71 @@ def jvp(f: Callable, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple:
 
 
 def _jacobian_io(f: Callable, args: Sequence[Any], argnums: int | Sequence[int], fname: str,
-                 float_outputs: bool):
+                 float_outputs: bool, has_aux: bool):
     """Trace `f` for a Jacobian by the arguments `argnums`: (traced function, its flat
     leaves, its graph, the flat indices of the differentiated leaves, what they make up: the
-    argument, or a tuple of the arguments for a sequence `argnums`). `float_outputs`: an
-    integer output is a TypeError (jacrev; jacfwd gives it zeros, as JAX)."""
+    argument, or a tuple of the arguments for a sequence `argnums`, and how many of the
+    graph's outputs are differentiated: all, or with `has_aux` those of the first of the pair
+    f returns). `float_outputs`: an integer output is a TypeError (jacrev; jacfwd gives it
+    zeros, as JAX)."""
     nums = _argnums(argnums, len(args), fname)
     static = _static_args(args, nums)
     tf, leaves = trace(f, args, static)
     ranges = _leaf_ranges(args, static)
     wrt = [i for n in nums for i in ranges[n]]
     _check_float(leaves, wrt, fname, ranges)
-    for k, o in enumerate(tf.graph.outvars):
+    n_main = len(tf.graph.outvars)
+    if has_aux:
+        if tf.out_tree.kind not in ("tuple", "list") or len(tf.out_tree.children) != 2:
+            raise TypeError(f"{fname} with has_aux=True needs f to return a pair (out, aux), "
+                            f"got {tf.out_tree}")
+        n_main = tf.out_tree.children[0].num_leaves
+    for k, o in enumerate(tf.graph.outvars[:n_main]):
         if float_outputs and not ir.is_float(o.aval.dtype):
             raise TypeError(f"{fname} requires real-valued floating point outputs, but output "
                             f"leaf {k} has dtype {o.aval.dtype}")
     arg = args[nums[0]] if isinstance(argnums, int) else tuple(args[n] for n in nums)
-    return tf, leaves, tf.graph, wrt, arg
+    return tf, leaves, tf.graph, wrt, arg, n_main
 
 
-def _jacobian_tree(b: Builder, tf: Any, arg: Any, blocks: list[list[Any]],
-                   leaves: list) -> Any:
+def _jacobian_tree(b: Builder, ins: list, tf: Any, arg: Any, blocks: list[list[Any]],
+                   leaves: list, has_aux: bool) -> Any:
     """Run the Jacobian blocks `blocks[output leaf][argument leaf]` built in `b` and nest
-    them as JAX does: the output's structure, each leaf replaced by the argument's."""
-    flat = _run(b.build([j for row in blocks for j in row]), tf.captured, leaves)
+    them as JAX does: the output's structure, each leaf replaced by the argument's. With
+    `has_aux`: (that, aux), aux the second of the pair f returns, as f returns it (`ins`:
+    b's stand-ins for the graph's inputs, to compute it from)."""
+    aux_outs: list[Any] = []
+    if has_aux:     # the forward's values, once more in b (optimising merges the copies)
+        outs, _ = ir.forward_pass(b, tf.graph, ins, [None] * len(ins))
+        aux_outs = outs[len(outs) - tf.out_tree.children[1].num_leaves:]
+    flat = _run(b.build([j for row in blocks for j in row] + aux_outs), tf.captured, leaves)
     it = iter(flat)
     arg_tree = tree_flatten(arg)[1]
-    return tree_unflatten(tf.out_tree, [tree_unflatten(arg_tree, [next(it) for _ in row])
-                                        for row in blocks])
+    main_tree = tf.out_tree.children[0] if has_aux else tf.out_tree
+    jac = tree_unflatten(main_tree, [tree_unflatten(arg_tree, [next(it) for _ in row])
+                                     for row in blocks])
+    if not has_aux:
+        return jac
+    return jac, tree_unflatten(tf.out_tree.children[1], list(it))
 
 
-def jacrev(f: Callable, argnums: int | Sequence[int] = 0) -> Callable:
+def jacrev(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False
+           ) -> Callable:
     """The Jacobian by reverse mode: one backward pass per output element, in one graph. As
     in JAX, the argument and the output may be pytrees: the result has the output's
     structure, each leaf replaced by the argument's structure of blocks of shape
     `out_leaf.shape + arg_leaf.shape`; for a tuple `argnums`, by a tuple of those, one per
-    argument."""
+    argument. `has_aux`: f returns a pair (out, aux); the result is (the Jacobian of out,
+    aux), aux not differentiated."""
     @functools.wraps(f)
     def jac(*args: Any) -> Any:
-        tf, leaves, g, wrt, arg = _jacobian_io(f, args, argnums, "jacrev", True)
+        tf, leaves, g, wrt, arg, n_main = _jacobian_io(f, args, argnums, "jacrev", True,
+                                                       has_aux)
         b = Builder("jacrev")
         ins = [b.new_input(v.aval) for v in g.invars]
         xs = [g.invars[i].aval for i in wrt]
         blocks = []
-        for k, o in enumerate(g.outvars):
+        for k, o in enumerate(g.outvars[:n_main]):
             out = o.aval
             rows: list[list[Any]] = [[] for _ in wrt]
             for e in range(out.size):
@@ -331,7 +352,7 @@ def jacrev(f: Callable, argnums: int | Sequence[int] = 0) -> Callable:
                     r.append(gr if gr is not None else np.zeros(x.shape, x.dtype))
             with b.active():
                 blocks.append([_stacked(r, 0, out, x) for r, x in zip(rows, xs, strict=True)])
-        return _jacobian_tree(b, tf, arg, blocks, leaves)
+        return _jacobian_tree(b, ins, tf, arg, blocks, leaves, has_aux)
     return jac
 
 
@@ -347,15 +368,17 @@ def _stacked(parts: list, axis: int, out: Any, x: Any) -> Traced:
     return E.reshape(flat, out.shape + x.shape)
 
 
-def jacfwd(f: Callable, argnums: int | Sequence[int] = 0) -> Callable:
+def jacfwd(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False
+           ) -> Callable:
     """The Jacobian by forward mode: one tangent per input element, in one graph. Pytree
-    arguments and outputs, and a tuple `argnums`, as `jacrev`."""
+    arguments and outputs, a tuple `argnums` and `has_aux`, as `jacrev`."""
     @functools.wraps(f)
     def jac(*args: Any) -> Any:
-        tf, leaves, g, wrt, arg = _jacobian_io(f, args, argnums, "jacfwd", False)
+        tf, leaves, g, wrt, arg, n_main = _jacobian_io(f, args, argnums, "jacfwd", False,
+                                                       has_aux)
         b = Builder("jacfwd")
         ins = [b.new_input(v.aval) for v in g.invars]
-        outs = [o.aval for o in g.outvars]
+        outs = [o.aval for o in g.outvars[:n_main]]
         cols: list[list[list[Any]]] = [[[] for _ in wrt] for _ in outs]
         for j, i in enumerate(wrt):
             x = g.invars[i].aval
@@ -366,21 +389,22 @@ def jacfwd(f: Callable, argnums: int | Sequence[int] = 0) -> Callable:
                 tans[i] = basis.reshape(x.shape)
                 _, touts = ir.forward_pass(b, g, ins, tans)
                 with b.active():
-                    for k, (t, out) in enumerate(zip(touts, outs, strict=True)):
+                    for k, (t, out) in enumerate(zip(touts[:n_main], outs, strict=True)):
                         cols[k][j].append(t if t is not None
                                           else E.full(out.shape, 0, out.dtype))
         with b.active():
             blocks = [[_stacked(cols[k][j], 1, out, g.invars[i].aval)
                        for j, i in enumerate(wrt)] for k, out in enumerate(outs)]
-        return _jacobian_tree(b, tf, arg, blocks, leaves)
+        return _jacobian_tree(b, ins, tf, arg, blocks, leaves, has_aux)
     return jac
 
 
-def hessian(f: Callable, argnums: int | Sequence[int] = 0) -> Callable:
+def hessian(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False
+            ) -> Callable:
     """Second derivatives: forward over reverse, `jacfwd(jacrev(f, argnums), argnums)`. A
     tuple `argnums` gives nested tuples, `h[i][j]` the derivative by argument argnums[j] of
-    the gradient by argnums[i] (JAX's layout)."""
-    return jacfwd(jacrev(f, argnums), argnums)
+    the gradient by argnums[i] (JAX's layout). `has_aux`: (the Hessian, aux), as `jacrev`."""
+    return jacfwd(jacrev(f, argnums, has_aux), argnums, has_aux)
 
 
 def make_ir(f: Callable, static_argnums: Sequence[int] = ()) -> Callable[..., ir.Graph]:
