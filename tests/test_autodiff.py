@@ -145,6 +145,44 @@ def test_pad_slice_and_scatter_add():
     check_grads(lambda g: E.scatter_add(g, idx.reshape(2, 2), 0, 3), [rand(2, 2, 3)])
 
 
+@pytest.mark.parametrize("mode", ["set", "mul", "min", "max"])
+def test_scatter(mode):
+    """x with x[idx] combined with v in order; repeated and negative indices."""
+    idx = np.array([2, -1, 0, 2])
+    check_grads(lambda x, v: E.scatter(x, v, idx, 1, mode), [rand(3, 5), rand(3, 4, seed=1)],
+                order=2)
+    idx2 = np.array([[1, 1], [0, 1]])
+    check_grads(lambda x, v: E.scatter(E.sin(x), v * v, idx2, 0, mode),
+                [rand(3, 2, seed=2), rand(2, 2, 2, seed=3)])
+
+
+def test_scatter_derivatives_at_ties_and_zeros():
+    """min/max split an entry's derivative evenly between x and the updates equal to the
+    result (as reduce_max); mul's are exact where updates are zero; set's reach only the
+    update each index keeps."""
+    def grads(mode, x, v, idx):
+        f = lambda x, v: tg.sum(E.scatter(x, v, idx, 0, mode) * np.array([1.0, 10.0]))  # noqa
+        return tg.grad(f, argnums=(0, 1))(np.array(x), np.array(v))
+    dx, dv = grads("max", [1.0, 5.0], [5.0, 5.0, 2.0], np.array([1, 1, 0]))
+    np.testing.assert_allclose(dx, [0.0, 10 / 3])
+    np.testing.assert_allclose(dv, [10 / 3, 10 / 3, 1.0])
+    dx, dv = grads("min", [1.0, 5.0], [1.0, 7.0, 3.0], np.array([0, 1, 0]))
+    np.testing.assert_allclose(dx, [0.5, 10.0])
+    np.testing.assert_allclose(dv, [0.5, 0.0, 0.0])
+    dx, dv = grads("mul", [2.0, 3.0], [0.0, 4.0, 5.0], np.array([0, 0, 1]))
+    np.testing.assert_allclose(dx, [0.0, 50.0])
+    np.testing.assert_allclose(dv, [8.0, 0.0, 30.0])
+    dx, dv = grads("mul", [2.0, 3.0], [0.0, 0.0, 5.0], np.array([0, 0, 1]))
+    np.testing.assert_allclose(dv, [0.0, 0.0, 30.0])
+    dx, dv = grads("set", [2.0, 3.0], [7.0, 8.0, 9.0], np.array([1, 1, -1]))
+    np.testing.assert_allclose(dx, [1.0, 0.0])
+    np.testing.assert_allclose(dv, [0.0, 0.0, 10.0])
+    # forward mode agrees with reverse at the ties
+    t = tg.jvp(lambda v: E.scatter(np.array([1.0, 5.0]), v, np.array([1, 1, 0]), 0, "max"),
+               (np.array([5.0, 5.0, 2.0]),), (np.array([3.0, 0.0, 1.0]),))[1]
+    np.testing.assert_allclose(t, [1.0, 1.0])
+
+
 MATMUL_SHAPES = [((3, 4), (4, 2)), ((4,), (4, 2)), ((3, 4), (4,)), ((4,), (4,)),
                  ((2, 3, 4), (2, 4, 5)), ((2, 3, 4), (4, 5)), ((4,), (2, 4, 3)),
                  ((2, 3, 4), (4,)), ((2, 1, 3, 4), (5, 4, 2))]

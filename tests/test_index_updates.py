@@ -135,8 +135,6 @@ def test_update_errors_name_the_update_and_the_axis():
         tg.jit(lambda x: x.at[np.array([1, 7])].subtract(1.0))(X)
     with pytest.raises(NotImplementedError, match=r"at\[\]\.set: only ints, slices"):
         tg.jit(lambda x: x.at[[1], [2]].set(0.0))(X)
-    with pytest.raises(NotImplementedError, match=r"at\[\]\.max: the index array is traced"):
-        tg.jit(lambda x, i: x.at[i].max(0.0))(X, np.array([1, 2]))
     with pytest.raises(IndexError, match=r"at\[\]\.multiply: index 4 is out of bounds"):
         tg.jit(lambda x: x.at[[0, 4]].multiply(2.0))(X)
 
@@ -153,10 +151,10 @@ def test_updates_by_index_array_keep_the_dtype_as_basic_ones_do():
 
 
 def test_set_by_index_array_writes_each_index_once():
-    """Only the last entry of a repeated index counts: one round, however many repeats."""
+    """Only the last entry of a repeated index counts: one scatter, however many repeats."""
     idx = np.array([3, 1, 3] * 50)
     g = tg.make_ir(lambda x, v: x.at[idx].set(v))(X, rand(150, 5, seed=4))
-    assert sum(e.op == "select" or e.op == "where" for e in g.eqns) == 1
+    assert [e.op for e in g.eqns].count("scatter") == 1
     v = rand(150, 5, seed=4)
     want = np.array(X)
     want[1], want[3] = v[148], v[149]
@@ -169,6 +167,87 @@ def test_set_by_index_array_copies_values_exactly():
     assert np.isneginf(got[0]) and got[1] == 1.0 and got[2] == 0.0 and np.signbit(got[2])
     np.testing.assert_array_equal(tg.jit(lambda x: x.at[np.array([], np.int64)].set(5.0))(
         np.ones(3)), np.ones(3))
+
+
+# update name -> (the update by a traced index array i, the same on a numpy copy y)
+BY_TRACED = {
+    "set": (lambda x, v, i: x.at[i].set(v),
+            lambda y, v, i: [y.__setitem__(k, r) for k, r in zip(i, v)]),
+    "multiply": (lambda x, v, i: x.at[i].multiply(v), lambda y, v, i: np.multiply.at(y, i, v)),
+    "min": (lambda x, v, i: x.at[i].min(v), lambda y, v, i: np.minimum.at(y, i, v)),
+    "max": (lambda x, v, i: x.at[i].max(v), lambda y, v, i: np.maximum.at(y, i, v)),
+    # (as JAX: x divided by, or raised to, the product of each row's updates)
+    "divide": (lambda x, v, i: x.at[i].divide(v),
+               lambda y, v, i: np.divide.at(y, i, _row_products(y, v, i))),
+    "power": (lambda x, v, i: tg.abs(x).at[i].power(v), lambda y, v, i: (
+        np.abs(y, out=y), np.power.at(y, i, _row_products(y, v, i)))),
+}
+IDX = np.array([3, 0, 3, -1])     # a repeat, and -1 the row 3 again
+VI = rand(4, 5, seed=7, low=0.5, high=2)
+
+
+def _row_products(y, v, i):
+    """Per entry of i: the product of all the updates to its row, once per row."""
+    prod = np.ones_like(y)
+    np.multiply.at(prod, i, v)
+    rows = np.unique(np.asarray(i) % len(y))
+    return prod[rows], rows
+
+
+@pytest.mark.parametrize("name", sorted(BY_TRACED))
+def test_updates_by_a_traced_index_array(name):
+    """The index array an argument of the jitted function: values against numpy's ufunc.at
+    (natively and on the interpreter), derivatives against central differences."""
+    ours, ref = BY_TRACED[name]
+    want = np.array(X)
+    if name in ("divide", "power"):
+        prods, rows = _row_products(want, VI, IDX)
+        if name == "power":
+            want = np.abs(want)
+        want[rows] = want[rows] / prods if name == "divide" else want[rows] ** prods
+    else:
+        ref(want, VI, IDX)
+    jf = tg.jit(ours)
+    np.testing.assert_allclose(jf(X, VI, IDX), want, rtol=1e-13)
+    np.testing.assert_allclose(jf(X, VI, IDX.astype(np.int32)), want, rtol=1e-13)
+    g = tg.make_ir(ours)(X, VI, IDX)
+    assert "scatter" in {e.op for e in g.eqns}
+    np.testing.assert_allclose(tg.ir.interpret(g, [X, VI, IDX])[0], want, rtol=1e-13)
+    check_grads(lambda x, v: tg.sin(jf(x, v, IDX)), [X, VI])
+
+
+@pytest.mark.skipif(jax is None, reason="jax is not installed")
+@pytest.mark.parametrize("name", sorted(BY_TRACED))
+def test_updates_by_a_traced_index_array_match_jax(name):
+    jnp = jax.numpy
+    ours, _ = BY_TRACED[name]
+    # jax differentiates its scatter_mul (multiply, divide, power) by repeated indices only
+    # with unique_indices=True
+    idx = np.array([3, 0, 1, -2]) if name in ("multiply", "divide", "power") else IDX
+    v = VI.copy()
+    v[2, 1] = X[3, 1] if name in ("min", "max") else v[2, 1]    # (a tie)
+    if name in ("multiply", "divide", "power"):
+        at = (lambda x, i: x.at[i]) if name != "power" else (lambda x, i: abs(x).at[i])
+        ours = lambda x, v, i: getattr(at(x, i), name)(v, unique_indices=True)  # noqa: E731
+    f = lambda x, v, i: tg.sum(tg.sin(ours(x, v, i)))    # noqa: E731
+    jfn = lambda x, v, i: jnp.sum(jnp.sin(ours(x, v, i)))   # noqa: E731
+    val, grads = tg.jit(tg.value_and_grad(f, argnums=(0, 1)))(X, v, idx)
+    jval, jgrads = jax.jit(jax.value_and_grad(jfn, argnums=(0, 1)))(X, v, idx)
+    np.testing.assert_allclose(val, float(jval), rtol=1e-12)
+    for a, b in zip(grads, jgrads, strict=True):
+        np.testing.assert_allclose(a, np.asarray(b), rtol=1e-10, atol=1e-12)
+
+
+def test_updates_by_a_traced_index_array_carry_nan_and_clip():
+    f = tg.jit(lambda x, v, i: (x.at[i].max(v), x.at[i].min(v), x.at[i].set(v)))
+    x, v = np.array([1.0, np.nan, 3.0]), np.array([np.nan, 2.0, 9.0])
+    hi, lo, put = f(x, v, np.array([0, 1, 7]))     # 7: clamped to the last entry (as take)
+    np.testing.assert_array_equal(hi, [np.nan, np.nan, 9.0])
+    np.testing.assert_array_equal(lo, [np.nan, np.nan, 3.0])
+    np.testing.assert_array_equal(put, [np.nan, 2.0, 9.0])
+    # under tg.grad the NaN entry's own derivative stays finite elsewhere
+    d = tg.grad(lambda x: tg.sum(x.at[np.array([2])].max(np.array([1.0]))))(x)
+    np.testing.assert_array_equal(d, [1.0, 1.0, 1.0])
 
 
 def test_tensor_slice_assignment_out_of_bounds_raises_as_torch():

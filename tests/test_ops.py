@@ -268,6 +268,31 @@ for _dt in NUMERIC:
                       lambda g: _scatter_np(g, _idx.reshape(2, 2), 0, 3),
                       [data((2, 2, 3), _dt, 21)]))
 
+
+_COMBINE = {"set": lambda a, b: b, "mul": np.multiply, "min": np.minimum, "max": np.maximum}
+
+
+def _scatter_loop_np(x, v, idx, axis, mode):
+    """scatter by a plain loop: each entry of idx in order, negatives from the end."""
+    out = x.copy()
+    moved = np.moveaxis(out, axis, 0)
+    flat = np.moveaxis(v.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 1:]), axis, 0)
+    for k, i in enumerate(idx.ravel()):
+        moved[i] = _COMBINE[mode](moved[i], flat[k])
+    return out
+
+
+for _dt in ALL:
+    for _mode in ("set", "mul", "min", "max"):
+        _i1 = np.array([2, -1, 0, 2])      # a repeat, and -1 the last
+        CASES.append(Case("scatter", lambda x, v, i, m=_mode: E.scatter(x, v, i, 1, m),
+                          lambda x, v, i, m=_mode: _scatter_loop_np(x, v, i, 1, m),
+                          [data((3, 5), _dt, 40), data((3, 4), _dt, 41), _i1]))
+        _i2 = np.array([[1, 1], [0, -2]], np.int32)
+        CASES.append(Case("scatter", lambda x, v, i, m=_mode: E.scatter(x, v, i, 0, m),
+                          lambda x, v, i, m=_mode: _scatter_loop_np(x, v, i, 0, m),
+                          [data((3, 2), _dt, 42), data((2, 2, 2), _dt, 43), _i2]))
+
 # ---- linear algebra ----------------------------------------------------------------------------
 
 MATMUL_SHAPES = [((3, 4), (4, 2)), ((4,), (4, 2)), ((3, 4), (4,)), ((4,), (4,)),

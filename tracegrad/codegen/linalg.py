@@ -51,6 +51,7 @@ from llvmlite import ir
 from ..ir import Var
 from .dtypes import I8, I32, I64, VOID, const, i64, is_float, load_elem, store_elem
 from .kernel import Kernel, if_then
+from .scalar import lower_elementwise
 from .plan import Group
 
 BLAS_MIN_WORK = 1 << 16
@@ -680,23 +681,19 @@ def _copy_block(k: Kernel, src, dst, at: ir.Value, nrows: ir.Value, ncols: ir.Va
     k.for_range(i64(0), nrows, row)
 
 
-def emit_scatter_add(k: Kernel, group: Group) -> None:
-    """out = zeros; out[pre, idx[mid], post] += g[pre, mid, post]. Indices wrap once if negative
-    and are then clamped (as take reads them); a zero-size axis writes nothing. g and idx may
-    be (0-d) literals: a scalar index's gradient of a sum is the literal 1.0."""
+def _scattered(k: Kernel, e, g, ind, size: int,
+               write: Callable[[ir.Value, ir.Value], None]) -> None:
+    """The loops of a scatter: for each entry (pre, m, post) of the updates `g` (an array
+    pre x mid x post, idx of mid entries along the axis of `size` at e.out), in order,
+    write(the updates' element offset, the output's). Indices wrap once if negative and are
+    then clamped (as take reads them); a zero-size axis writes nothing. g and idx may be
+    (0-d) literals (`write` gets offset 0 then)."""
     b = k.b
-    e = group.eqns[0]
-    g, ind = e.inputs
-    axis, size = e.params["axis"], e.params["size"]
-    out, dt = e.out, e.out.aval.dtype
-    pre = math.prod(g.aval.shape[:axis])
+    axis = e.params["axis"]
+    pre = math.prod(e.out.aval.shape[:axis])
     mid = ind.aval.size
     post = math.prod(g.aval.shape[axis + ind.aval.ndim:])
-    po = k.ptrs[out.id]
-    pg = k.ptrs[g.id] if isinstance(g, Var) else None
     pi = k.ptrs[ind.id] if isinstance(ind, Var) else None
-    k.for_range(i64(0), i64(out.aval.size),
-                lambda j: b.store(const(dt, 0), b.gep(po, [j], inbounds=True)))
 
     def outer(i):
         def each(m):
@@ -715,18 +712,62 @@ def emit_scatter_add(k: Kernel, group: Group) -> None:
             b.position_at_end(yes)
             src = b.mul(b.add(b.mul(i, i64(mid)), m), i64(post))
             dst = b.mul(b.add(b.mul(i, i64(size)), j), i64(post))
-
-            def col(c):
-                dp = b.gep(po, [b.add(dst, c)], inbounds=True)
-                x = b.load(dp)
-                y = b.load(b.gep(pg, [b.add(src, c)], inbounds=True)) if pg is not None else \
-                    const(dt, g.value.item())
-                b.store(b.fadd(x, y) if is_float(dt) else b.add(x, y), dp)
-            k.for_range(i64(0), i64(post), col)
+            k.for_range(i64(0), i64(post), lambda c: write(b.add(src, c), b.add(dst, c)))
             b.branch(done)
             b.position_at_end(done)
         k.for_range(i64(0), i64(mid), each)
     k.for_range(i64(0), i64(pre), outer)
+
+
+def _reader(k: Kernel, a, dt: np.dtype) -> Callable[[ir.Value], ir.Value]:
+    """Element `at` of operand `a` (an array, or a 0-d literal: its value anywhere)."""
+    b = k.b
+    if isinstance(a, Var):
+        p = k.ptrs[a.id]
+        return lambda at: load_elem(b, b.gep(p, [at], inbounds=True), dt)
+    return lambda at: const(dt, a.value.item())
+
+
+def emit_scatter_add(k: Kernel, group: Group) -> None:
+    """out = zeros; out[pre, idx[mid], post] += g[pre, mid, post] (see `_scattered`; a
+    scalar index's gradient of a sum is the literal 1.0)."""
+    b = k.b
+    e = group.eqns[0]
+    g, ind = e.inputs
+    out, dt = e.out, e.out.aval.dtype
+    po = k.ptrs[out.id]
+    k.for_range(i64(0), i64(out.aval.size),
+                lambda j: b.store(const(dt, 0), b.gep(po, [j], inbounds=True)))
+    read = _reader(k, g, dt)
+
+    def write(src, dst):
+        dp = b.gep(po, [dst], inbounds=True)
+        x, y = b.load(dp), read(src)
+        b.store(b.fadd(x, y) if is_float(dt) else b.add(x, y), dp)
+    _scattered(k, e, g, ind, e.params["size"], write)
+
+
+def emit_scatter(k: Kernel, group: Group) -> None:
+    """out = x; then, in order, out[pre, idx[m], post] = v[pre, m, post] (mode "set": the
+    last of a repeated index wins) or combined with it by mul, min or max (as the
+    elementwise ops: min and max carry a NaN)."""
+    b = k.b
+    e = group.eqns[0]
+    x, v, ind = e.inputs
+    mode = e.params["mode"]
+    out, dt = e.out, e.out.aval.dtype
+    po = k.ptrs[out.id]
+    read_x, read_v = _reader(k, x, dt), _reader(k, v, dt)
+    k.for_range(i64(0), i64(out.aval.size), lambda j: store_elem(
+        b, read_x(j), b.gep(po, [j], inbounds=True), dt))
+
+    def write(src, dst):
+        dp = b.gep(po, [dst], inbounds=True)
+        y = read_v(src)
+        if mode != "set":
+            y = lower_elementwise(b, mode, {}, [load_elem(b, dp, dt), y], [dt, dt], dt)
+        store_elem(b, y, dp, dt)
+    _scattered(k, e, v, ind, x.aval.shape[e.params["axis"]], write)
 
 
 def emit_copy(k: Kernel, src, dst, aval) -> None:
@@ -760,5 +801,5 @@ def emit_update(k: Kernel, e, steps: tuple) -> None:
     level(0, i64(0), i64(0))
 
 
-__all__ = ["emit_copy", "emit_matmul", "emit_scatter_add", "emit_update", "few_rows",
-           "gemm_dims", "gemm_slot", "gemm_tasks", "loop_tasks", "uses_blas"]
+__all__ = ["emit_copy", "emit_matmul", "emit_scatter", "emit_scatter_add", "emit_update",
+           "few_rows", "gemm_dims", "gemm_slot", "gemm_tasks", "loop_tasks", "uses_blas"]

@@ -21,8 +21,8 @@ from ..ir.unroll import split_inputs
 from .dtypes import I32, I64, PTR, VOID, i64
 from .kernel import KERNEL_TYPE, Kernel
 from .elements import row_major_strides, slice_range
-from .linalg import (SLOT_BLAS_THREADS, emit_copy, emit_matmul, emit_scatter_add, emit_update,
-                     gemm_dims, gemm_slot, gemm_tasks, loop_tasks, uses_blas)
+from .linalg import (SLOT_BLAS_THREADS, emit_copy, emit_matmul, emit_scatter, emit_scatter_add,
+                     emit_update, gemm_dims, gemm_slot, gemm_tasks, loop_tasks, uses_blas)
 from .loops import emit_argreduce, emit_combine, emit_loop_group, reductions, split
 from .plan import Group, epilogues, group_signature, plan_graph, reads, stages
 from .scalar import OUTLINE_MATH, TRANSCENDENTAL
@@ -493,10 +493,10 @@ class _Lowering:
             return self.lower_scan(name, group)
         reads = [a.id for e in group.eqns for a in e.inputs
                  if isinstance(a, Var) and a.id not in produced]
-        if group.kind == "scatter_add":
+        if group.kind in ("scatter_add", "scatter"):
             k = self.kernel(name, reads + [group.eqns[0].out.id], group)
             if k.fresh:
-                emit_scatter_add(k, group)
+                (emit_scatter if group.kind == "scatter" else emit_scatter_add)(k, group)
             return [(k.finish(), 1)]
         writes = [v.id for v in group.roots] + [e.out.id for e in group.reductions]
         if group.kind == "argreduce":

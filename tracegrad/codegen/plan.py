@@ -38,7 +38,7 @@ def fusible(e: Eqn) -> bool:
 
 @dataclass(eq=False)
 class Group:
-    kind: str                      # loop | argreduce | matmul | scatter_add | update | scan
+    kind: str   # loop | argreduce | matmul | scatter_add | scatter | update | scan
     domain: tuple[int, ...]
     eqns: list[Eqn] = field(default_factory=list)
     roots: list[Var] = field(default_factory=list)        # elementwise values it stores
@@ -240,7 +240,7 @@ class _Planner:
             elif e.op in ARG_REDUCE:
                 g = self.new_group("argreduce", e.inputs[0].aval.shape, cgs)
                 g.reductions.append(e)
-            elif e.op in ("matmul", "scatter_add"):
+            elif e.op in ("matmul", "scatter_add", "scatter"):
                 g = self.new_group(e.op, e.out.aval.shape, cgs)
                 g.operands = self.matmul_ops.get(id(e), [])
             elif e.op == "scan":

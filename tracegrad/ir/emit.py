@@ -315,6 +315,12 @@ def scatter_add(g: Any, idx: Any, axis: int, size: int) -> Any:
     return bind("scatter_add", g, idx, axis=axis, size=size)
 
 
+def scatter(x: Any, v: Any, idx: Any, axis: int, mode: str) -> Any:
+    """x with x[..., idx, ...] (idx along `axis`) combined with v in order: mode "set"
+    (the last of a repeated index wins), "mul", "min" or "max"."""
+    return bind("scatter", x, v, idx, axis=axis, mode=mode)
+
+
 matmul = _binary("matmul")
 
 

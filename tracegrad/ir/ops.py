@@ -190,6 +190,28 @@ def _take(x: Aval, idx: Aval, *, axis: int) -> Aval:
     return Aval(x.shape[:axis] + idx.shape + x.shape[axis + 1:], x.dtype)
 
 
+SCATTER_MODES = ("set", "mul", "min", "max")
+
+
+def _scatter(x: Aval, v: Aval, idx: Aval, *, axis: int, mode: str) -> Aval:
+    if mode not in SCATTER_MODES:
+        raise ValueError(f"scatter mode must be one of {SCATTER_MODES}, got {mode!r}")
+    if not np.issubdtype(idx.dtype, np.integer):
+        raise DTypeError(f"indices must be integers, got {idx.dtype}")
+    if not 0 <= axis < x.ndim:
+        raise ShapeError(f"axis {axis} out of range for shape {x.shape}")
+    if x.dtype != v.dtype:
+        raise DTypeError(f"updates of dtype {v.dtype} for an operand of dtype {x.dtype}")
+    want = x.shape[:axis] + idx.shape + x.shape[axis + 1:]
+    if v.shape != want:
+        raise ShapeError(f"updates {v.shape} do not match indices {idx.shape} at axis {axis} "
+                         f"of an operand {x.shape} (expected {want})")
+    if x.shape[axis] == 0 and idx.size:     # no element to write, nor one to clamp to
+        raise IndexError(f"cannot scatter indices of shape {idx.shape} into the empty axis "
+                         f"{axis} of shape {x.shape}")
+    return x
+
+
 def _scatter_add(g: Aval, idx: Aval, *, axis: int, size: int) -> Aval:
     if not np.issubdtype(idx.dtype, np.integer):
         raise DTypeError(f"indices must be integers, got {idx.dtype}")
@@ -386,6 +408,28 @@ def _ref_scatter_add(g, idx, *, axis, size):
     return out
 
 
+_SCATTER_UFUNCS = {"mul": np.multiply, "min": np.minimum, "max": np.maximum}
+
+
+def _ref_scatter(x, v, idx, *, axis, mode):
+    """x with its entries idx (along axis, clipped as take reads them) combined with v's in
+    order: set (the last of a repeated index wins), mul, min or max (numpy's ufunc.at)."""
+    out = x.copy()
+    n = x.shape[axis]
+    if not idx.size:
+        return out
+    moved = np.moveaxis(out, axis, 0)
+    vm = np.moveaxis(v.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 1:]), axis, 0)
+    flat = clip_index(idx.reshape(-1), n)
+    if mode == "set":
+        _, last = np.unique(flat[::-1], return_index=True)   # each index's last entry
+        keep = flat.size - 1 - last
+        moved[flat[keep]] = vm[keep]
+    else:
+        _SCATTER_UFUNCS[mode].at(moved, flat, vm)
+    return out
+
+
 def _ref_matmul(a, b):
     return np.matmul(a, b)
 
@@ -491,6 +535,7 @@ _def("update_slice", "shape", _update_slice, _ref_update_slice)
 _def("concatenate", "shape", _concatenate, lambda *xs, axis: np.concatenate(xs, axis))
 _def("take", "index", _take, _ref_take)
 _def("scatter_add", "index", _scatter_add, _ref_scatter_add)
+_def("scatter", "index", _scatter, _ref_scatter)
 _def("matmul", "matmul", _matmul, _ref_matmul)
 _def("iota", "create", _iota, _ref_iota)
 _def("full", "create", _full, lambda *, shape, value, dtype: np.full(shape, value, dtype))

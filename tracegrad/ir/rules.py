@@ -113,6 +113,71 @@ def _prod_partials(x: Any, out: Any, axes: tuple[int, ...]) -> Any:
     return E.where(is_zero, at_zero, _kept(out, x, axes) / E.where(is_zero, 1.0, x))
 
 
+def _scatter_winners(x: Any, idx: Any, axis: int) -> Any:
+    """Which entries of `idx` a scatter "set" writes (each index's last entry), shaped to
+    broadcast against the updates."""
+    shape = tuple(E.shape_of(idx))
+    ids = E.reshape(E.iota((math.prod(shape),), 0, "int64"), shape)
+    last = E.scatter(E.full((x.shape[axis],), -1, "int64"), ids, idx, 0, "set")
+    won = E.equal(E.take(last, idx, 0), ids)
+    return E.reshape(won, (1,) * axis + shape + (1,) * (len(x.shape) - axis - 1))
+
+
+def _scatter_mul_partials(x: Any, v: Any, idx: Any, axis: int) -> tuple[Any, Any]:
+    """(d out / d x: the product of each entry's updates, 1 where none lands; d out / d v
+    over x: per update the product of the other updates to its entry), exact when some
+    updates are zero (as `_prod_partials`)."""
+    n = x.shape[axis]
+    ones = E.full(x.shape, 1, x.dtype)
+    is_zero = E.equal(v, 0.0)
+    prod = E.scatter(ones, v, idx, axis, "mul")
+    nonzero = E.take(E.scatter(ones, E.where(is_zero, 1.0, v), idx, axis, "mul"), idx, axis)
+    zeros = E.take(E.scatter_add(E.convert(is_zero, x.dtype), idx, axis, n), idx, axis)
+    others = E.where(is_zero, E.where(E.equal(zeros, 1.0), nonzero, 0.0),
+                     E.where(E.equal(zeros, 0.0), nonzero / E.where(is_zero, 1.0, v), 0.0))
+    return prod, others
+
+
+def _scatter_extreme_weights(x: Any, v: Any, idx: Any, out: Any, axis: int
+                             ) -> tuple[Any, Any, Any]:
+    """(x's weights, v's weights, count) of a scatter "min"/"max": an entry's derivative goes
+    evenly to those of x and its updates equal to the result (as reduce_max's ties); a NaN
+    counts as equal to the NaN it makes."""
+    def hit(a: Any, result: Any) -> Any:
+        return E.convert(E.logical_or(E.equal(a, result), E.not_equal(a, a)), x.dtype)
+    hx, hv = hit(x, out), hit(v, E.take(out, idx, axis))
+    count = hx + E.scatter_add(hv, idx, axis, x.shape[axis])
+    return hx, hv, count
+
+
+def _scatter_vjp(g: Any, x: Any, v: Any, idx: Any, out: Any, axis: int, mode: str) -> tuple:
+    if mode == "set":
+        return (E.scatter(g, E.zeros_like(v), idx, axis, "set"),
+                E.where(_scatter_winners(x, idx, axis), E.take(g, idx, axis), 0.0), None)
+    if mode == "mul":
+        prod, others = _scatter_mul_partials(x, v, idx, axis)
+        return g * prod, E.take(g * x, idx, axis) * others, None
+    hx, hv, count = _scatter_extreme_weights(x, v, idx, out, axis)
+    share = g / count
+    return share * hx, E.take(share, idx, axis) * hv, None
+
+
+def _scatter_jvp(tx: Any, tv: Any, ti: Any, x: Any, v: Any, idx: Any, out: Any, axis: int,
+                 mode: str) -> Any:
+    if tx is None and tv is None:
+        return None
+    if mode == "set":
+        return E.scatter(_zeros(tx, x), _zeros(tv, v), idx, axis, "set")
+    n = x.shape[axis]
+    if mode == "mul":
+        prod, others = _scatter_mul_partials(x, v, idx, axis)
+        return _sum_tangents(_mul_t(tx, prod), None if tv is None else
+                             x * E.scatter_add(tv * others, idx, axis, n), shape=out.shape)
+    hx, hv, count = _scatter_extreme_weights(x, v, idx, out, axis)
+    return _sum_tangents(_mul_t(tx, hx), None if tv is None else
+                         E.scatter_add(tv * hv, idx, axis, n), shape=out.shape) / count
+
+
 def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
     inv = [0] * len(perm)
     for i, p in enumerate(perm):
@@ -214,6 +279,7 @@ VJP.update({
     "concatenate": _concat_vjp,
     "take": lambda g, x, idx, out, axis: (E.scatter_add(g, idx, axis, x.shape[axis]), None),
     "scatter_add": lambda g, x, idx, out, axis, size: (E.take(g, idx, axis), None),
+    "scatter": _scatter_vjp,
     "matmul": _matmul_vjp,
     "custom_vjp_call": _custom_vjp,
     "scan": scan_vjp,
@@ -294,6 +360,7 @@ JVP.update({
     "take": lambda tx, ti, x, idx, out, axis: None if tx is None else E.take(tx, idx, axis),
     "scatter_add": lambda tg, ti, g, idx, out, axis, size: None if tg is None else
     E.scatter_add(tg, idx, axis, size),
+    "scatter": _scatter_jvp,
     "matmul": lambda ta, tb, a, b, out: _sum_tangents(
         None if ta is None else E.matmul(ta, b), None if tb is None else E.matmul(a, tb),
         shape=out.shape),

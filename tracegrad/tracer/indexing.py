@@ -3,6 +3,7 @@ updates of an indexed part (`x.at[1:, 0].set(v)`, a Tensor's `x[1:, 0] = v`) as 
 and scatter_add."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -197,13 +198,31 @@ def update(x: Any, index: Any, v: Any, combine: Any = None, what: str = "update"
     return E.update_slice(x, v, slices)
 
 
+def _hints(hints: dict, what: str) -> None:
+    """JAX's keyword arguments of the updates: `indices_are_sorted` and `unique_indices` are
+    hints (results are right either way); `mode` may be "clip" (what a traced index does)
+    or "promise_in_bounds" (a concrete index out of bounds raises IndexError either way)."""
+    for key, value in hints.items():
+        if key not in ("indices_are_sorted", "unique_indices", "mode"):
+            raise TypeError(f"{what} got an unexpected keyword argument {key!r}")
+        if key == "mode" and value not in (None, "clip", "promise_in_bounds"):
+            raise NotImplementedError(
+                f"{what}: mode={value!r} is not supported: a traced index out of bounds is "
+                "clamped (mode='clip'), a concrete one raises IndexError" + _at_user())
+
+
+# the updates by an index array that are one scatter op (by what `_At._apply` combines with)
+_SCATTER_MODES = {None: "set", E.mul: "mul", E.minimum: "min", E.maximum: "max"}
+
+
 class _At:
     """`x.at[index]`: JAX's functional updates of an indexed part of a traced value, each a
     new value (`set`, `add`, `subtract`, `multiply`, `divide`, `power`, `min`, `max`), and
     `get()`. A basic index is one update_slice. Every update also takes one integer array
-    along an axis (with full slices on the others): `add`/`subtract` as a scatter-add (the
-    array may be traced); the others need a concrete array (numpy, a list), whose repeated
-    indices apply in order, as numpy's `ufunc.at` does (`set`: the last one wins)."""
+    along an axis (with full slices on the others), concrete or traced: `add`/`subtract` as a
+    scatter-add, `set`/`multiply`/`min`/`max` as a scatter, whose repeated indices apply in
+    order as numpy's `ufunc.at` does (`set`: the last one wins); see `_by_array` for
+    `divide` and `power`."""
     __slots__ = ("x", "index")
 
     def __init__(self, x: Any, index: Any = None):
@@ -215,41 +234,49 @@ class _At:
     def get(self) -> Any:
         return getitem(self.x, self.index)
 
-    def set(self, v: Any) -> Any:
+    def set(self, v: Any, **hints: Any) -> Any:
+        _hints(hints, "at[].set")
         return self._apply(v, None, "at[].set")
 
-    def add(self, v: Any) -> Any:
+    def add(self, v: Any, **hints: Any) -> Any:
+        _hints(hints, "at[].add")
         axis = self._array_axis()
         if axis is not None:
             return self._scatter(v, axis, "at[].add")
         return update(self.x, self.index, v, E.add, "at[].add")
 
-    def subtract(self, v: Any) -> Any:
+    def subtract(self, v: Any, **hints: Any) -> Any:
+        _hints(hints, "at[].subtract")
         axis = self._array_axis()
         if axis is not None:
             return self._scatter(-E.asdtype(v, E.dtype_of(self.x)), axis, "at[].subtract")
         return update(self.x, self.index, v, E.sub, "at[].subtract")
 
-    def multiply(self, v: Any) -> Any:
+    def multiply(self, v: Any, **hints: Any) -> Any:
+        _hints(hints, "at[].multiply")
         return self._apply(v, E.mul, "at[].multiply")
 
-    def divide(self, v: Any) -> Any:
+    def divide(self, v: Any, **hints: Any) -> Any:
+        _hints(hints, "at[].divide")
         return self._apply(v, E.div, "at[].divide")
 
-    def power(self, v: Any) -> Any:
+    def power(self, v: Any, **hints: Any) -> Any:
+        _hints(hints, "at[].power")
         return self._apply(v, E.pow, "at[].power")
 
-    def min(self, v: Any) -> Any:
+    def min(self, v: Any, **hints: Any) -> Any:
+        _hints(hints, "at[].min")
         return self._apply(v, E.minimum, "at[].min")
 
-    def max(self, v: Any) -> Any:
+    def max(self, v: Any, **hints: Any) -> Any:
+        _hints(hints, "at[].max")
         return self._apply(v, E.maximum, "at[].max")
 
     def _apply(self, v: Any, combine: Any, what: str) -> Any:
-        """The update by a basic index (one update_slice) or by one index array (rounds)."""
+        """The update by a basic index (one update_slice) or by one index array."""
         axis = self._array_axis()
         if axis is not None:
-            return self._in_rounds(v, axis, combine, what)
+            return self._by_array(v, axis, combine, what)
         return update(self.x, self.index, v, combine, what)
 
     def _array_axis(self) -> int | None:
@@ -274,30 +301,27 @@ class _At:
         v = E.broadcast_to(E.asdtype(v, E.dtype_of(x)), target)
         return x + E.scatter_add(v, idx, axis, n)
 
-    def _in_rounds(self, v: Any, axis: int, combine: Any, what: str) -> Any:
-        """The update by a concrete index array along `axis`, in rounds: round r applies the
-        r-th occurrence of every index (unique within the round), read with take and written
-        back with a take from the round's values and a where (exact copies: no arithmetic
-        on the values set, so a -0.0 or a NaN lands as it is)."""
+    def _by_array(self, v: Any, axis: int, combine: Any, what: str) -> Any:
+        """The update by an index array along `axis`. set, multiply, min and max are one
+        scatter (repeated indices apply in order, as numpy's ufunc.at). divide and power by a
+        traced array divide by, or raise to, the product of each entry's updates (as JAX);
+        by a concrete array they run in rounds: round r applies the r-th occurrence of
+        every index (unique within the round), read with take and written back with a take
+        from the round's values and a where."""
         x = self.x
         shape, n, idx = self._indices(axis, what)
-        if isinstance(idx, Traced):
-            raise NotImplementedError(
-                f"{what}: the index array is traced, and which of its repeated indices "
-                "applies when is known only at run time; use a concrete index array (numpy or "
-                "a list, not an argument of the traced function) or at[].add" + _at_user())
-        v = E.broadcast_to(E.asdtype(v, E.dtype_of(x)), shape[:axis] + idx.shape
+        v = E.broadcast_to(E.asdtype(v, E.dtype_of(x)), shape[:axis] + tuple(E.shape_of(idx))
                            + shape[axis + 1:])
+        if not math.prod(E.shape_of(idx)):
+            return x
+        mode = _SCATTER_MODES.get(combine)
+        if mode is not None:
+            return E.scatter(x, v, idx, axis, mode)
+        if isinstance(idx, Traced):
+            prod = E.scatter(E.full(shape, 1, E.dtype_of(x)), v, idx, axis, "mul")
+            return E.asdtype(combine(x, prod), E.dtype_of(x))
         flat = idx.reshape(-1).astype(np.int64)
         v = E.reshape(v, shape[:axis] + (flat.size,) + shape[axis + 1:])
-        if not flat.size:
-            return x
-        if combine is None:     # set: only the last entry of each index counts (one round)
-            _, last = np.unique(flat[::-1], return_index=True)
-            keep = np.sort(flat.size - 1 - last)
-            if keep.size < flat.size:
-                v = E.take(v, keep, axis)
-                flat = flat[keep]
         # each entry's rank among the entries of its index, in order
         order = np.argsort(flat, kind="stable")
         ranked = flat[order]
@@ -311,8 +335,7 @@ class _At:
             ks = np.flatnonzero(rank == r)
             at = flat[ks]
             vr = v if ks.size == flat.size else E.take(v, ks, axis)
-            new = vr if combine is None else \
-                E.asdtype(combine(E.take(x, at, axis), vr), E.dtype_of(x))  # (int / int)
+            new = E.asdtype(combine(E.take(x, at, axis), vr), E.dtype_of(x))    # (int / int)
             src = np.zeros(n, np.int64)
             src[at] = np.arange(at.size)
             hit = np.zeros(n, np.bool_)
