@@ -9,7 +9,7 @@ from conftest import anchors, check_grads, rand
 
 import tracegrad as tg
 
-_, jax = anchors()
+torch, jax = anchors()
 
 X = rand(4, 5, seed=1, low=-2, high=2)
 V = rand(1, 5, seed=2, low=0.5, high=2)
@@ -134,7 +134,9 @@ def test_update_errors_name_the_update_and_the_axis():
     with pytest.raises(IndexError, match=r"at\[\]\.subtract: index 7 is out of bounds"):
         tg.jit(lambda x: x.at[np.array([1, 7])].subtract(1.0))(X)
     with pytest.raises(NotImplementedError, match=r"at\[\]\.set: only ints, slices"):
-        tg.jit(lambda x: x.at[[1], [2]].set(0.0))(X)
+        tg.jit(lambda x: x.at[1, 2.5].set(0.0))(X)
+    with pytest.raises(NotImplementedError, match=r"at\[\]\.set: None \(a new axis\) beside"):
+        tg.jit(lambda x: x.at[None, [1]].set(0.0))(X)
     with pytest.raises(IndexError, match=r"at\[\]\.multiply: index 4 is out of bounds"):
         tg.jit(lambda x: x.at[[0, 4]].multiply(2.0))(X)
 
@@ -250,6 +252,104 @@ def test_updates_by_a_traced_index_array_carry_nan_and_clip():
     np.testing.assert_array_equal(d, [1.0, 1.0, 1.0])
 
 
+X3 = rand(3, 4, 5, seed=8)
+# several index arrays (and ints among them) as numpy reads them: (x, index, where the result's
+# broadcast axes go)
+MERGED = {
+    "rows_cols": (X, lambda i, j: (i, j)),                  # x[rows, cols]
+    "int_and_array": (X3, lambda i, j: (1, slice(None), j)),      # apart: axes go first
+    "arrays_apart": (X3, lambda i, j: (i, slice(None), j)),
+    "arrays_together": (X3, lambda i, j: (slice(1, 3), i[:, None], j)),   # broadcast 2-d
+    "reversed_slice": (X3, lambda i, j: (i, slice(None, None, -2), 0)),
+}
+I_ROWS, J_COLS = np.array([2, 0, 2, -1]), np.array([4, 1, 4, 0])   # (2, 4) repeats
+
+
+@pytest.mark.parametrize("name", sorted(MERGED))
+def test_indexing_by_several_arrays_matches_numpy(name):
+    """x[rows, cols] and the like (were NotImplementedError): the indexed axes merged into one
+    and taken from, traced indices too; gradients against central differences."""
+    x, index = MERGED[name]
+    want = x[index(I_ROWS, J_COLS)]
+    np.testing.assert_array_equal(tg.jit(lambda x: x[index(I_ROWS, J_COLS)])(x), want)
+    got = tg.jit(lambda x, i, j: x[index(i, j)])(x, I_ROWS, J_COLS.astype(np.int32))
+    np.testing.assert_array_equal(got, want)
+    check_grads(lambda x: tg.jit(lambda x, i, j: tg.sin(x[index(i, j)]))(x, I_ROWS, J_COLS),
+                [x])
+
+
+def test_traced_indices_into_several_axes_are_clamped_per_axis():
+    got = tg.jit(lambda x, i, j: x[i, j])(X, np.array([5, -9, -1]), np.array([1, 7, -7]))
+    np.testing.assert_array_equal(got, [X[3, 1], X[0, 4], X[3, 0]])
+
+
+def _numpy_update(kind, y, index, v):
+    """`kind` at y[index] by v, repeated entries in order (set: the last wins)."""
+    if kind == "set":
+        idx = tuple(np.broadcast_arrays(*[i for i in index if not isinstance(i, slice)]))
+        assert all(not isinstance(i, slice) for i in index)
+        vb = np.broadcast_to(v, idx[0].shape)
+        for k in np.ndindex(idx[0].shape):
+            y[tuple(i[k] for i in idx)] = vb[k]
+        return
+    {"add": np.add, "multiply": np.multiply, "min": np.minimum, "max": np.maximum}[kind].at(
+        y, index, v)
+
+
+@pytest.mark.parametrize("kind", ["set", "add", "multiply", "min", "max"])
+@pytest.mark.parametrize("traced", [False, True])
+def test_updates_by_several_arrays(kind, traced):
+    """x.at[rows, cols].<kind>(v): one scatter (or scatter_add) on the merged axes;
+    repeated pairs apply in order."""
+    v = rand(4, seed=9, low=-2, high=2)
+    want = np.array(X)
+    _numpy_update(kind, want, (I_ROWS, J_COLS), v)
+
+    def f(x, v, i, j):
+        return getattr(x.at[i, j], kind)(v)
+    if traced:
+        jf = lambda x, v: tg.jit(f)(x, v, I_ROWS, J_COLS)     # noqa: E731
+    else:
+        jf = tg.jit(lambda x, v: f(x, v, I_ROWS, J_COLS))
+    np.testing.assert_allclose(jf(X, v), want, rtol=1e-14)
+    check_grads(lambda x, v: tg.sin(jf(x, v)), [X, v])
+
+
+def test_updates_by_an_int_and_arrays_on_sliced_axes():
+    """Ints beside an array, arrays a slice apart, non-full slices: as numpy lays x[index]
+    out (v broadcasts to it)."""
+    v = rand(2, 4, seed=10)
+    for index in [(1, slice(None), [0, 4]), ([0, 2], slice(1, None, 2), [3, -1]),
+                  (slice(1, 3), [1, 3], slice(None, 4))]:
+        want = np.array(X3)
+        want[index] = want[index] * 2.0 + 1.0
+        got = tg.jit(lambda x: x.at[index].set(x[index] * 2.0 + 1.0))(X3)
+        np.testing.assert_allclose(got, want, rtol=1e-14)
+    want = np.array(X3)
+    np.add.at(want, (0, slice(None), [1, 1]), v)     # (x[0, :, [1, 1]] is 2 x 4)
+    np.testing.assert_allclose(tg.jit(lambda x, v: x.at[0, :, [1, 1]].add(v))(X3, v), want,
+                               rtol=1e-14)
+
+
+@pytest.mark.skipif(jax is None, reason="jax is not installed")
+@pytest.mark.parametrize("kind", ["get", "set", "add", "min", "max"])
+def test_several_arrays_match_jax(kind):
+    jnp = jax.numpy
+    i, j = np.array([2, 0, 2, 1]), np.array([4, 1, 4, 0])
+
+    def f(x, v, i, j, np_=tg):
+        y = x[i, :, j] if kind == "get" else getattr(x.at[i, :, j], kind)(v)
+        return np_.sum(np_.sin(y))
+    v = rand(4, 4, seed=11)
+    v[2, 3] = X3[0, 3, 1]       # (a tie for min/max)
+    val, grads = tg.jit(tg.value_and_grad(f, argnums=(0, 1)))(X3, v, i, j)
+    jval, jgrads = jax.jit(jax.value_and_grad(lambda x, v, i, j: f(x, v, i, j, jnp),
+                                              argnums=(0, 1)))(X3, v, i, j)
+    np.testing.assert_allclose(val, float(jval), rtol=1e-12)
+    for a, b in zip(grads, jgrads, strict=True):
+        np.testing.assert_allclose(a, np.asarray(b), rtol=1e-10, atol=1e-12)
+
+
 def test_tensor_slice_assignment_out_of_bounds_raises_as_torch():
     """It wrapped around before (t[5] = 1 on 3 elements wrote t[2])."""
     t = tg.zeros(3)
@@ -257,3 +357,49 @@ def test_tensor_slice_assignment_out_of_bounds_raises_as_torch():
         t[5] = 1.0
     t[-3] = 2.0
     assert t.tolist() == [2.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("index", ["rows_cols", "tensors", "list"])
+def test_tensor_assignment_by_index_arrays(index):
+    """t[rows, cols] = v (torch's index_put_; was NotImplementedError): values and
+    gradients against torch where installed, else against numpy and by hand."""
+    idx = {"rows_cols": (np.array([0, 3]), np.array([1, -2])),
+           "tensors": (tg.tensor(np.array([0, 3])), tg.tensor(np.array([1, -2]))),
+           "list": [1, 3]}[index]
+    w = tg.tensor(np.array(X), requires_grad=True)
+    v = tg.tensor(np.array(0.5), requires_grad=True)
+    u = w * 2.0
+    u[idx] = v * 3.0
+    (u * u).sum().backward()
+    np_idx = tuple(np.asarray(i.numpy() if isinstance(i, tg.Tensor) else i) for i in idx) \
+        if isinstance(idx, tuple) else idx
+    want = X * 2.0
+    want[np_idx] = 1.5
+    np.testing.assert_allclose(u.detach().numpy(), want, rtol=1e-15)
+    written = np.zeros(X.shape, bool)
+    written[np_idx] = True
+    np.testing.assert_allclose(w.grad.numpy(), np.where(written, 0.0, 8.0 * X), rtol=1e-14)
+    np.testing.assert_allclose(v.grad.numpy(), 2 * 1.5 * 3.0 * written.sum(), rtol=1e-14)
+    if torch is not None:
+        wt = torch.tensor(np.array(X), requires_grad=True)
+        vt = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
+        ut = wt * 2.0
+        ut[tuple(torch.as_tensor(i) for i in np_idx) if isinstance(idx, tuple) else
+           torch.as_tensor(idx)] = vt * 3.0
+        (ut * ut).sum().backward()
+        np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-14)
+        np.testing.assert_allclose(v.grad.numpy(), vt.grad.numpy(), rtol=1e-14)
+
+
+def test_tensor_assignment_by_a_repeated_index_differentiates_the_value_written():
+    """Of a repeated index the last value is written, and only it gets a gradient (torch's
+    index_put_ counts every repeat in the gradient, though each but the last is
+    overwritten; a repeated index is undefined behaviour there)."""
+    w = tg.tensor(np.array(X), requires_grad=True)
+    v = tg.tensor(np.array([1.0, 2.0, 3.0]), requires_grad=True)
+    u = w * 1.0
+    u[np.array([2, 0, 2]), 1] = v
+    assert u[2, 1].item() == 3.0 and u[0, 1].item() == 2.0
+    u.sum().backward()
+    np.testing.assert_array_equal(v.grad.numpy(), [0.0, 1.0, 1.0])
+

@@ -102,6 +102,66 @@ def int_index(x: Traced, index: int) -> Any:
     return bind_traced("reshape", x, params=params[2], token=params[3])
 
 
+class _Merged:
+    """An index of integer arrays (and ints) on some axes and slices on the others, as one
+    index array along one axis (numpy's advanced indexing, with JAX's clamping of traced
+    indices): `x` is sliced by the slices (`slices`, None if all are full), its indexed axes
+    are moved together (to the front when a slice separates them, where numpy puts their
+    result) and merged into axis `axis` (`xm`), and `flat` indexes it (shape: the arrays'
+    broadcast shape). `x[index]` is take(xm, flat, axis); `back(ym)` lays out an updated xm
+    as x[slices] again."""
+    __slots__ = ("slices", "xm", "flat", "axis", "perm", "shape")
+
+    def __init__(self, x: Any, items: list, what: str):
+        shape = tuple(E.shape_of(x))
+        slices, idx = [], []
+        for k, (item, n) in enumerate(zip(items, shape)):
+            if isinstance(item, slice):
+                slices.append(item.indices(n))
+                continue
+            slices.append((0, n, 1))
+            if isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)):
+                item = np.asarray(_int_item(int(item), n, k, what))
+            idx.append((k, _index_array(item, n, k, what)))
+        self.slices = None if all(s == (0, n, 1) for s, n in zip(slices, shape)) else slices
+        if self.slices is not None:
+            x = E.slice_(x, slices)
+            shape = tuple(E.shape_of(x))
+        axes = [k for k, _ in idx]
+        together = axes == list(range(axes[0], axes[-1] + 1))
+        self.perm = None if together else axes + [k for k in range(len(shape)) if k not in axes]
+        if self.perm is not None:
+            x = E.transpose(x, self.perm)
+            shape = tuple(shape[k] for k in self.perm)
+        self.axis = axis = axes[0] if together else 0
+        self.shape = shape
+        sizes = shape[axis:axis + len(axes)]
+        self.xm = E.reshape(x, shape[:axis] + (math.prod(sizes),) + shape[axis + len(axes):])
+        if len(idx) == 1:       # (the take or scatter clamps a traced index itself)
+            self.flat = idx[0][1]
+            return
+        flat: Any = 0
+        stride = 1
+        for (_, i), n in reversed(list(zip(idx, sizes))):
+            if isinstance(i, Traced):       # clamped per axis, as take would clamp it
+                i = E.asdtype(i, np.int64)
+                i = E.minimum(E.maximum(E.where(E.less(i, 0), i + n, i), 0), max(n - 1, 0))
+            else:
+                i = i.astype(np.int64)
+            flat = i * stride + flat
+            stride *= n
+        self.flat = flat
+
+    def back(self, ym: Any) -> Any:
+        y = E.reshape(ym, self.shape)
+        if self.perm is not None:
+            inverse = [0] * len(self.perm)
+            for k, p in enumerate(self.perm):
+                inverse[p] = k
+            y = E.transpose(y, inverse)
+        return y
+
+
 @op("Index")
 def getitem(x: Any, index: Any) -> Any:
     if type(index) is int and type(x) is Traced and x.atom.aval.shape:   # x[t]: the common case
@@ -128,8 +188,7 @@ def getitem(x: Any, index: Any) -> Any:
             out_shape.append(len(range(start, stop, step)))
         elif _is_array_index(item):
             if advanced is not None:
-                raise NotImplementedError("indexing with more than one integer array is not "
-                                          "supported; use tg.take along one axis at a time")
+                return _merged_getitem(x, items)
             slices.append((0, n, 1))
             advanced = (len(out_shape), _index_array(item, n, dim, "indexing"))
             out_shape.append(n)
@@ -141,8 +200,7 @@ def getitem(x: Any, index: Any) -> Any:
         spots = [k for k, i in enumerate(real)
                  if isinstance(i, (int, np.integer)) or _is_array_index(i)]
         if spots != list(range(spots[0], spots[-1] + 1)):
-            raise NotImplementedError("mixing integer and array indices on non-adjacent axes "
-                                      "is not supported")
+            return _merged_getitem(x, items)
     y = x
     if any(s != (0, n, 1) for s, n in zip(slices, shape)):
         y = E.slice_(y, slices)
@@ -150,6 +208,16 @@ def getitem(x: Any, index: Any) -> Any:
     if advanced is not None:
         y = E.take(y, advanced[1], advanced[0])
     return y
+
+
+def _merged_getitem(x: Any, items: list) -> Any:
+    """x[index] for several index arrays, or an int and an array a slice apart."""
+    if any(i is None for i in items):
+        raise NotImplementedError("indexing with None (a new axis) beside several integer "
+                                  "arrays, or beside an int and an array a slice apart, is "
+                                  "not supported" + _at_user())
+    m = _Merged(x, items, "indexing")
+    return E.take(m.xm, m.flat, m.axis)
 
 
 def _basic_slices(shape: tuple, index: Any, what: str) -> tuple[list, list, list]:
@@ -174,9 +242,8 @@ def _basic_slices(shape: tuple, index: Any, what: str) -> tuple[list, list, list
             sub.append(1)
         else:
             raise NotImplementedError(
-                f"{what}: only ints, slices, None and '...' index an update (got "
-                f"{type(item).__name__}), or one integer array with full ':' slices on the "
-                "other axes; use tg.where for a mask")
+                f"{what}: only ints, slices, None, '...' and integer arrays index an update "
+                f"(got {type(item).__name__}); use tg.where for a mask")
         dim += 1
     return slices, sub, target
 
@@ -240,17 +307,11 @@ class _At:
 
     def add(self, v: Any, **hints: Any) -> Any:
         _hints(hints, "at[].add")
-        axis = self._array_axis()
-        if axis is not None:
-            return self._scatter(v, axis, "at[].add")
-        return update(self.x, self.index, v, E.add, "at[].add")
+        return self._apply(v, E.add, "at[].add")
 
     def subtract(self, v: Any, **hints: Any) -> Any:
         _hints(hints, "at[].subtract")
-        axis = self._array_axis()
-        if axis is not None:
-            return self._scatter(-E.asdtype(v, E.dtype_of(self.x)), axis, "at[].subtract")
-        return update(self.x, self.index, v, E.sub, "at[].subtract")
+        return self._apply(v, E.sub, "at[].subtract")
 
     def multiply(self, v: Any, **hints: Any) -> Any:
         _hints(hints, "at[].multiply")
@@ -273,72 +334,71 @@ class _At:
         return self._apply(v, E.maximum, "at[].max")
 
     def _apply(self, v: Any, combine: Any, what: str) -> Any:
-        """The update by a basic index (one update_slice) or by one index array."""
-        axis = self._array_axis()
-        if axis is not None:
-            return self._by_array(v, axis, combine, what)
-        return update(self.x, self.index, v, combine, what)
+        return update_at(self.x, self.index, v, combine, what)
 
-    def _array_axis(self) -> int | None:
-        """The axis of an index that is one integer array and full slices, else None."""
-        items = _expand(self.index, len(E.shape_of(self.x)))
-        arrays = [k for k, i in enumerate(items) if _is_array_index(i)]
-        if len(arrays) != 1 or any(i != slice(None) for k, i in enumerate(items)
-                                   if k != arrays[0]):
-            return None
-        return arrays[0]
 
-    def _indices(self, axis: int, what: str) -> tuple[tuple, int, Any]:
-        """(x's shape, the axis's length, the index array along it, checked)."""
-        shape = tuple(E.shape_of(self.x))
-        n = shape[axis]
-        return shape, n, _index_array(_expand(self.index, len(shape))[axis], n, axis, what)
-
-    def _scatter(self, v: Any, axis: int, what: str) -> Any:
-        x = self.x
-        shape, n, idx = self._indices(axis, what)
-        target = shape[:axis] + tuple(E.shape_of(idx)) + shape[axis + 1:]
-        v = E.broadcast_to(E.asdtype(v, E.dtype_of(x)), target)
-        return x + E.scatter_add(v, idx, axis, n)
-
-    def _by_array(self, v: Any, axis: int, combine: Any, what: str) -> Any:
-        """The update by an index array along `axis`. set, multiply, min and max are one
-        scatter (repeated indices apply in order, as numpy's ufunc.at). divide and power by a
-        traced array divide by, or raise to, the product of each entry's updates (as JAX);
-        by a concrete array they run in rounds: round r applies the r-th occurrence of
-        every index (unique within the round), read with take and written back with a take
-        from the round's values and a where."""
-        x = self.x
-        shape, n, idx = self._indices(axis, what)
-        v = E.broadcast_to(E.asdtype(v, E.dtype_of(x)), shape[:axis] + tuple(E.shape_of(idx))
-                           + shape[axis + 1:])
-        if not math.prod(E.shape_of(idx)):
-            return x
-        mode = _SCATTER_MODES.get(combine)
-        if mode is not None:
-            return E.scatter(x, v, idx, axis, mode)
-        if isinstance(idx, Traced):
-            prod = E.scatter(E.full(shape, 1, E.dtype_of(x)), v, idx, axis, "mul")
-            return E.asdtype(combine(x, prod), E.dtype_of(x))
-        flat = idx.reshape(-1).astype(np.int64)
-        v = E.reshape(v, shape[:axis] + (flat.size,) + shape[axis + 1:])
-        # each entry's rank among the entries of its index, in order
-        order = np.argsort(flat, kind="stable")
-        ranked = flat[order]
-        first = np.r_[True, ranked[1:] != ranked[:-1]]
-        at_first = np.maximum.accumulate(np.where(first, np.arange(flat.size), 0))
-        rank = np.empty(flat.size, np.int64)
-        rank[order] = np.arange(flat.size) - at_first
-        bcast = [1] * len(shape)
-        bcast[axis] = n
-        for r in range(int(rank.max()) + 1):
-            ks = np.flatnonzero(rank == r)
-            at = flat[ks]
-            vr = v if ks.size == flat.size else E.take(v, ks, axis)
-            new = E.asdtype(combine(E.take(x, at, axis), vr), E.dtype_of(x))    # (int / int)
-            src = np.zeros(n, np.int64)
-            src[at] = np.arange(at.size)
-            hit = np.zeros(n, np.bool_)
-            hit[at] = True
-            x = E.where(hit.reshape(bcast), E.take(new, src, axis), x)
+def update_at(x: Any, index: Any, v: Any, combine: Any, what: str) -> Any:
+    """`x` with `x[index]` replaced by `v` (combine None) or by `combine(x[index], v)`: a basic
+    index is one update_slice; integer arrays (ints among them) one scatter or scatter_add
+    on the indexed axes merged into one (see `_Merged` and `_by_array`)."""
+    items = _expand(index, len(E.shape_of(x)))
+    if not any(_is_array_index(i) for i in items):
+        return update(x, index, v, combine, what)
+    if any(i is None for i in items):
+        raise NotImplementedError(f"{what}: None (a new axis) beside an index array is not "
+                                  "supported" + _at_user())
+    m = _Merged(x, items, what)
+    xm, flat, axis = m.xm, m.flat, m.axis
+    shape = tuple(E.shape_of(xm))
+    target = shape[:axis] + tuple(E.shape_of(flat)) + shape[axis + 1:]
+    v = E.asdtype(v, E.dtype_of(x))
+    vshape = tuple(E.shape_of(v))
+    extra = len(vshape) - len(target)   # (leading 1s beyond x[index]'s rank: dropped)
+    if extra > 0 and all(d == 1 for d in vshape[:extra]):
+        v = E.reshape(v, vshape[extra:])
+    v = E.broadcast_to(v, target)
+    if not math.prod(E.shape_of(flat)):
         return x
+    y = m.back(_by_array(xm, v, flat, axis, combine))
+    return y if m.slices is None else E.update_slice(x, y, m.slices)
+
+
+def _by_array(x: Any, v: Any, idx: Any, axis: int, combine: Any) -> Any:
+    """x updated by one index array `idx` along `axis` (v: x[idx]'s shape, x's dtype).
+    add/subtract are a scatter_add; set, multiply, min and max one scatter (repeated indices
+    apply in order, as numpy's ufunc.at). divide and power by a traced array divide by, or
+    raise to, the product of each entry's updates (as JAX); by a concrete array they run in
+    rounds: round r applies the r-th occurrence of every index (unique within the round),
+    read with take and written back with a take from the round's values and a where."""
+    shape = tuple(E.shape_of(x))
+    n = shape[axis]
+    if combine is E.add or combine is E.sub:
+        return x + E.scatter_add(v if combine is E.add else -v, idx, axis, n)
+    mode = _SCATTER_MODES.get(combine)
+    if mode is not None:
+        return E.scatter(x, v, idx, axis, mode)
+    if isinstance(idx, Traced):
+        prod = E.scatter(E.full(shape, 1, E.dtype_of(x)), v, idx, axis, "mul")
+        return E.asdtype(combine(x, prod), E.dtype_of(x))
+    flat = idx.reshape(-1).astype(np.int64)
+    v = E.reshape(v, shape[:axis] + (flat.size,) + shape[axis + 1:])
+    # each entry's rank among the entries of its index, in order
+    order = np.argsort(flat, kind="stable")
+    ranked = flat[order]
+    first = np.r_[True, ranked[1:] != ranked[:-1]]
+    at_first = np.maximum.accumulate(np.where(first, np.arange(flat.size), 0))
+    rank = np.empty(flat.size, np.int64)
+    rank[order] = np.arange(flat.size) - at_first
+    bcast = [1] * len(shape)
+    bcast[axis] = n
+    for r in range(int(rank.max()) + 1):
+        ks = np.flatnonzero(rank == r)
+        at = flat[ks]
+        vr = v if ks.size == flat.size else E.take(v, ks, axis)
+        new = E.asdtype(combine(E.take(x, at, axis), vr), E.dtype_of(x))    # (int / int)
+        src = np.zeros(n, np.int64)
+        src[at] = np.arange(at.size)
+        hit = np.zeros(n, np.bool_)
+        hit[at] = True
+        x = E.where(hit.reshape(bcast), E.take(new, src, axis), x)
+    return x

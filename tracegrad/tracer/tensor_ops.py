@@ -13,7 +13,7 @@ from .autograd_exec import realize
 from .autograd_graph import MAX_LEAF_CHAIN, Inplace, Node
 from .grad_mode import mode
 from .indexing import _expand as expand_index
-from .indexing import getitem, update
+from .indexing import getitem, update_at
 from .tensor import Tensor, record, refresh_views, register_view, write_aliases
 from .tensor_record import binary_methods, record_binary, record_unary
 
@@ -685,5 +685,6 @@ Tensor.__setitem__ = _setitem
 
 
 def _scatter(x: Any, v: Any, index: Any) -> Any:
-    """`x` with `x[index]` replaced by `v` (basic indexing: ints, slices, `...`, None)."""
-    return update(x, index, v, None, "slice assignment")
+    """`x` with `x[index]` replaced by `v`: basic indexing (ints, slices, `...`, None), or
+    integer arrays (torch's index_put_; of a repeated index, the last value is written)."""
+    return update_at(x, index, v, None, "slice assignment")
