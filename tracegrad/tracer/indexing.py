@@ -285,11 +285,8 @@ _SCATTER_MODES = {None: "set", E.mul: "mul", E.minimum: "min", E.maximum: "max"}
 class _At:
     """`x.at[index]`: JAX's functional updates of an indexed part of a traced value, each a
     new value (`set`, `add`, `subtract`, `multiply`, `divide`, `power`, `min`, `max`), and
-    `get()`. A basic index is one update_slice. Every update also takes one integer array
-    along an axis (with full slices on the others), concrete or traced: `add`/`subtract` as a
-    scatter-add, `set`/`multiply`/`min`/`max` as a scatter, whose repeated indices apply in
-    order as numpy's `ufunc.at` does (`set`: the last one wins); see `_by_array` for
-    `divide` and `power`."""
+    `get()` (see `update_at`). The updates take JAX's hints `indices_are_sorted`,
+    `unique_indices` and `mode` (see `_hints`)."""
     __slots__ = ("x", "index")
 
     def __init__(self, x: Any, index: Any = None):
@@ -301,40 +298,23 @@ class _At:
     def get(self) -> Any:
         return getitem(self.x, self.index)
 
-    def set(self, v: Any, **hints: Any) -> Any:
-        _hints(hints, "at[].set")
-        return self._apply(v, None, "at[].set")
 
-    def add(self, v: Any, **hints: Any) -> Any:
-        _hints(hints, "at[].add")
-        return self._apply(v, E.add, "at[].add")
+def _update_method(name: str, combine: Any) -> Any:
+    """`_At.<name>(v, **hints)`: x with x[index] replaced by v (combine None), or by
+    combine(x[index], v)."""
+    what = f"at[].{name}"
 
-    def subtract(self, v: Any, **hints: Any) -> Any:
-        _hints(hints, "at[].subtract")
-        return self._apply(v, E.sub, "at[].subtract")
-
-    def multiply(self, v: Any, **hints: Any) -> Any:
-        _hints(hints, "at[].multiply")
-        return self._apply(v, E.mul, "at[].multiply")
-
-    def divide(self, v: Any, **hints: Any) -> Any:
-        _hints(hints, "at[].divide")
-        return self._apply(v, E.div, "at[].divide")
-
-    def power(self, v: Any, **hints: Any) -> Any:
-        _hints(hints, "at[].power")
-        return self._apply(v, E.pow, "at[].power")
-
-    def min(self, v: Any, **hints: Any) -> Any:
-        _hints(hints, "at[].min")
-        return self._apply(v, E.minimum, "at[].min")
-
-    def max(self, v: Any, **hints: Any) -> Any:
-        _hints(hints, "at[].max")
-        return self._apply(v, E.maximum, "at[].max")
-
-    def _apply(self, v: Any, combine: Any, what: str) -> Any:
+    def method(self: _At, v: Any, **hints: Any) -> Any:
+        _hints(hints, what)
         return update_at(self.x, self.index, v, combine, what)
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+for _name, _combine in (("set", None), ("add", E.add), ("subtract", E.sub),
+                        ("multiply", E.mul), ("divide", E.div), ("power", E.pow),
+                        ("min", E.minimum), ("max", E.maximum)):
+    setattr(_At, _name, _update_method(_name, _combine))
 
 
 def update_at(x: Any, index: Any, v: Any, combine: Any, what: str) -> Any:
