@@ -240,14 +240,36 @@ def test_updates_by_a_traced_index_array_match_jax(name):
         np.testing.assert_allclose(a, np.asarray(b), rtol=1e-10, atol=1e-12)
 
 
-def test_updates_by_a_traced_index_array_carry_nan_and_clip():
-    f = tg.jit(lambda x, v, i: (x.at[i].max(v), x.at[i].min(v), x.at[i].set(v)))
+def test_updates_by_a_traced_index_array_carry_nan_and_drop_or_clip():
+    """As JAX: a traced index out of bounds drops its update (mode "clip": clamped); min and
+    max carry a NaN, and its derivative is 0 where the result is NaN, x's alone where no
+    update lands."""
+    def f(x, v, i, mode=None):
+        return x.at[i].max(v, mode=mode), x.at[i].min(v, mode=mode), x.at[i].set(v, mode=mode)
     x, v = np.array([1.0, np.nan, 3.0]), np.array([np.nan, 2.0, 9.0])
-    hi, lo, put = f(x, v, np.array([0, 1, 7]))     # 7: clamped to the last entry (as take)
-    np.testing.assert_array_equal(hi, [np.nan, np.nan, 9.0])
+    hi, lo, put = tg.jit(f)(x, v, np.array([0, 1, 7]))
+    np.testing.assert_array_equal(hi, [np.nan, np.nan, 3.0])
     np.testing.assert_array_equal(lo, [np.nan, np.nan, 3.0])
+    np.testing.assert_array_equal(put, [np.nan, 2.0, 3.0])
+    hi, lo, put = tg.jit(f, static_argnums=(3,))(x, v, np.array([0, 1, 7]), "clip")
+    np.testing.assert_array_equal(hi, [np.nan, np.nan, 9.0])
     np.testing.assert_array_equal(put, [np.nan, 2.0, 9.0])
-    # under tg.grad the NaN entry's own derivative stays finite elsewhere
+    # several arrays: an entry out of bounds on any axis is dropped; add too
+    got = tg.jit(lambda x, i, j: x.at[i, j].add(1.0))(X, np.array([0, 9, 1]), np.array([-6, 0, 1]))
+    want = np.array(X)
+    want[1, 1] += 1.0
+    np.testing.assert_array_equal(got, want)
+    # a concrete index out of bounds raises, or is clamped with mode="clip"
+    with pytest.raises(IndexError, match="index 7 is out of bounds"):
+        tg.jit(lambda x: x.at[np.array([7])].set(0.0))(x)
+    np.testing.assert_array_equal(tg.jit(lambda x: x.at[np.array([7])].set(0.0, mode="clip"))(x),
+                                  [1.0, np.nan, 0.0])
+    with pytest.raises(ValueError, match=r"at\[\]\.set: mode must be one of"):
+        tg.jit(lambda x: x.at[np.array([1])].set(0.0, mode="wrap"))(x)
+    gx, gv = tg.grad(lambda x, v: tg.sum(x.at[np.array([0, 1, 2])].max(v) * np.array(
+        [1.0, 2.0, 3.0])), argnums=(0, 1))(x, np.array([np.nan, 3.0, 3.0]))
+    np.testing.assert_array_equal(gx, [0.0, 0.0, 1.5])
+    np.testing.assert_array_equal(gv, [0.0, 0.0, 1.5])
     d = tg.grad(lambda x: tg.sum(x.at[np.array([2])].max(np.array([1.0]))))(x)
     np.testing.assert_array_equal(d, [1.0, 1.0, 1.0])
 
@@ -278,7 +300,7 @@ def test_indexing_by_several_arrays_matches_numpy(name):
                 [x])
 
 
-def test_traced_indices_into_several_axes_are_clamped_per_axis():
+def test_traced_indices_read_from_several_axes_are_clamped_per_axis():
     got = tg.jit(lambda x, i, j: x[i, j])(X, np.array([5, -9, -1]), np.array([1, 7, -7]))
     np.testing.assert_array_equal(got, [X[3, 1], X[0, 4], X[3, 0]])
 
@@ -402,4 +424,21 @@ def test_tensor_assignment_by_a_repeated_index_differentiates_the_value_written(
     assert u[2, 1].item() == 3.0 and u[0, 1].item() == 2.0
     u.sum().backward()
     np.testing.assert_array_equal(v.grad.numpy(), [0.0, 1.0, 1.0])
+
+
+def test_updates_by_an_index_array_of_an_empty_array():
+    """x with a size-0 axis beside the indexed one (the references reshaped by -1)."""
+    x, i = np.zeros((3, 0)), np.array([1, -1])
+    for kind in ("set", "add", "min", "multiply"):
+        f = lambda x, i, kind=kind: getattr(x.at[i], kind)(1.0)     # noqa: E731
+        assert tg.ir.interpret(tg.make_ir(f)(x, i), [x, i])[0].shape == (3, 0)
+        assert tg.jit(f)(x, i).shape == (3, 0)
+
+
+def test_tensor_assignment_by_an_index_array_out_of_bounds_raises_as_torch():
+    t = tg.zeros(4, 2)
+    for index in [tg.tensor(np.array([7])), np.array([0, -5]), (slice(None), [1, 2])]:
+        with pytest.raises(IndexError, match="slice assignment: index -?[0-9]+ is out of bounds"):
+            t[index] = 1.0
+    assert not t.numpy().any()
 

@@ -402,7 +402,8 @@ def _ref_scatter_add(g, idx, *, axis, size):
     shape = g.shape[:axis] + (size,) + g.shape[axis + idx.ndim:]
     out = np.zeros(shape, g.dtype)
     moved = np.moveaxis(out, axis, 0)
-    gm = np.moveaxis(g.reshape(g.shape[:axis] + (-1,) + g.shape[axis + idx.ndim:]), axis, 0)
+    gm = np.moveaxis(g.reshape(g.shape[:axis] + (idx.size,) + g.shape[axis + idx.ndim:]),
+                     axis, 0)
     if size:
         np.add.at(moved, clip_index(idx.reshape(-1), size), gm)
     return out
@@ -419,7 +420,7 @@ def _ref_scatter(x, v, idx, *, axis, mode):
     if not idx.size:
         return out
     moved = np.moveaxis(out, axis, 0)
-    vm = np.moveaxis(v.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 1:]), axis, 0)
+    vm = np.moveaxis(v.reshape(x.shape[:axis] + (idx.size,) + x.shape[axis + 1:]), axis, 0)
     flat = clip_index(idx.reshape(-1), n)
     if mode == "set":
         _, last = np.unique(flat[::-1], return_index=True)   # each index's last entry

@@ -140,14 +140,15 @@ def _scatter_mul_partials(x: Any, v: Any, idx: Any, axis: int) -> tuple[Any, Any
 
 def _scatter_extreme_weights(x: Any, v: Any, idx: Any, out: Any, axis: int
                              ) -> tuple[Any, Any, Any]:
-    """(x's weights, v's weights, count) of a scatter "min"/"max": an entry's derivative goes
-    evenly to those of x and its updates equal to the result (as reduce_max's ties); a NaN
-    counts as equal to the NaN it makes."""
-    def hit(a: Any, result: Any) -> Any:
-        return E.convert(E.logical_or(E.equal(a, result), E.not_equal(a, a)), x.dtype)
-    hx, hv = hit(x, out), hit(v, E.take(out, idx, axis))
-    count = hx + E.scatter_add(hv, idx, axis, x.shape[axis])
-    return hx, hv, count
+    """(x's weights, v's weights, count) of a scatter "min"/"max", as JAX's: an entry's
+    derivative goes evenly to those of x and its updates equal to the result (ties split);
+    an entry no update reaches is x's alone; a NaN result equals none (a derivative of 0)."""
+    n = x.shape[axis]
+    touched = E.greater(E.scatter_add(E.full(E.shape_of(v), 1, x.dtype), idx, axis, n), 0.0)
+    hx = E.convert(E.logical_or(E.logical_not(touched), E.equal(x, out)), x.dtype)
+    hv = E.convert(E.equal(v, E.take(out, idx, axis)), x.dtype)
+    count = hx + E.scatter_add(hv, idx, axis, n)
+    return hx, hv, E.where(E.equal(count, 0.0), 1.0, count)
 
 
 def _scatter_vjp(g: Any, x: Any, v: Any, idx: Any, out: Any, axis: int, mode: str) -> tuple:

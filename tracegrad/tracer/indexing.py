@@ -104,15 +104,20 @@ def int_index(x: Traced, index: int) -> Any:
 
 class _Merged:
     """An index of integer arrays (and ints) on some axes and slices on the others, as one
-    index array along one axis (numpy's advanced indexing, with JAX's clamping of traced
-    indices): `x` is sliced by the slices (`slices`, None if all are full), its indexed axes
-    are moved together (to the front when a slice separates them, where numpy puts their
-    result) and merged into axis `axis` (`xm`), and `flat` indexes it (shape: the arrays'
-    broadcast shape). `x[index]` is take(xm, flat, axis); `back(ym)` lays out an updated xm
-    as x[slices] again."""
-    __slots__ = ("slices", "xm", "flat", "axis", "perm", "shape")
+    index array along one axis (numpy's advanced indexing): `x` is sliced by the slices
+    (`slices`, None if all are full), its indexed axes are moved together (to the front when
+    a slice separates them, where numpy puts their result) and merged into axis `axis`
+    (`xm`), and `flat` indexes it (shape: the arrays' broadcast shape). `x[index]` is
+    take(xm, flat, axis); `back(ym)` lays out an updated xm as x[slices] again.
 
-    def __init__(self, x: Any, items: list, what: str):
+    Out of bounds, as JAX: a traced index is clamped (`drop` False: reading, or an update's
+    mode "clip"), or its entry dropped (`drop`: an update's default, JAX's for scatters; xm
+    then has one more entry along `axis`, where such entries write, and `back` cuts it
+    off). A concrete one raises IndexError, or is clamped with `clip` (mode "clip")."""
+    __slots__ = ("slices", "xm", "flat", "axis", "perm", "shape", "padded")
+
+    def __init__(self, x: Any, items: list, what: str, drop: bool = False,
+                 clip: bool = False):
         shape = tuple(E.shape_of(x))
         slices, idx = [], []
         for k, (item, n) in enumerate(zip(items, shape)):
@@ -120,6 +125,10 @@ class _Merged:
                 slices.append(item.indices(n))
                 continue
             slices.append((0, n, 1))
+            if clip and not isinstance(item, Traced) and n:
+                item = np.asarray(item)
+                if np.issubdtype(item.dtype, np.integer):
+                    item = np.clip(np.where(item < 0, item.astype(np.int64) + n, item), 0, n - 1)
             if isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)):
                 item = np.asarray(_int_item(int(item), n, k, what))
             idx.append((k, _index_array(item, n, k, what)))
@@ -136,23 +145,38 @@ class _Merged:
         self.axis = axis = axes[0] if together else 0
         self.shape = shape
         sizes = shape[axis:axis + len(axes)]
-        self.xm = E.reshape(x, shape[:axis] + (math.prod(sizes),) + shape[axis + len(axes):])
-        if len(idx) == 1:       # (the take or scatter clamps a traced index itself)
+        total = math.prod(sizes)
+        self.xm = E.reshape(x, shape[:axis] + (total,) + shape[axis + len(axes):])
+        self.padded = drop and any(isinstance(i, Traced) for _, i in idx)
+        if len(idx) == 1 and not self.padded:  # (take and scatter clamp a traced index)
             self.flat = idx[0][1]
             return
         flat: Any = 0
+        valid: Any = True
         stride = 1
         for (_, i), n in reversed(list(zip(idx, sizes))):
-            if isinstance(i, Traced):       # clamped per axis, as take would clamp it
+            if isinstance(i, Traced):       # from 0, then clamped or checked
                 i = E.asdtype(i, np.int64)
-                i = E.minimum(E.maximum(E.where(E.less(i, 0), i + n, i), 0), max(n - 1, 0))
+                if self.padded:
+                    valid = E.logical_and(valid, E.logical_and(E.greater_equal(i, -n),
+                                                               E.less(i, n)))
+                i = E.where(E.less(i, 0), i + n, i)
+                if not self.padded:
+                    i = E.minimum(E.maximum(i, 0), max(n - 1, 0))
             else:
                 i = i.astype(np.int64)
             flat = i * stride + flat
             stride *= n
         self.flat = flat
+        if self.padded:     # an entry out of bounds writes into one more, cut off after
+            self.flat = E.where(valid, flat, total)
+            pad = shape[:axis] + (1,) + shape[axis + len(axes):]
+            self.xm = E.concatenate([self.xm, E.full(pad, 0, E.dtype_of(x))], axis)
 
     def back(self, ym: Any) -> Any:
+        if self.padded:
+            ym = E.slice_(ym, [(0, d - (k == self.axis), 1)
+                               for k, d in enumerate(E.shape_of(ym))])
         y = E.reshape(ym, self.shape)
         if self.perm is not None:
             inverse = [0] * len(self.perm)
@@ -265,17 +289,21 @@ def update(x: Any, index: Any, v: Any, combine: Any = None, what: str = "update"
     return E.update_slice(x, v, slices)
 
 
-def _hints(hints: dict, what: str) -> None:
+_MODES = (None, "drop", "fill", "clip", "promise_in_bounds")
+
+
+def _hints(hints: dict, what: str) -> str | None:
     """JAX's keyword arguments of the updates: `indices_are_sorted` and `unique_indices` are
-    hints (results are right either way); `mode` may be "clip" (what a traced index does)
-    or "promise_in_bounds" (a concrete index out of bounds raises IndexError either way)."""
-    for key, value in hints.items():
+    hints (results are right either way); `mode` is returned: a traced index out of bounds
+    is dropped (None, "drop", "fill": JAX's default for updates) or clamped ("clip",
+    "promise_in_bounds"); a concrete one raises IndexError, or is clamped with "clip"."""
+    for key in hints:
         if key not in ("indices_are_sorted", "unique_indices", "mode"):
             raise TypeError(f"{what} got an unexpected keyword argument {key!r}")
-        if key == "mode" and value not in (None, "clip", "promise_in_bounds"):
-            raise NotImplementedError(
-                f"{what}: mode={value!r} is not supported: a traced index out of bounds is "
-                "clamped (mode='clip'), a concrete one raises IndexError" + _at_user())
+    mode = hints.get("mode")
+    if mode not in _MODES:
+        raise ValueError(f"{what}: mode must be one of {_MODES}, got {mode!r}" + _at_user())
+    return mode
 
 
 # the updates by an index array that are one scatter op (by what `_At._apply` combines with)
@@ -305,8 +333,7 @@ def _update_method(name: str, combine: Any) -> Any:
     what = f"at[].{name}"
 
     def method(self: _At, v: Any, **hints: Any) -> Any:
-        _hints(hints, what)
-        return update_at(self.x, self.index, v, combine, what)
+        return update_at(self.x, self.index, v, combine, what, _hints(hints, what))
     method.__name__ = method.__qualname__ = name
     return method
 
@@ -317,17 +344,18 @@ for _name, _combine in (("set", None), ("add", E.add), ("subtract", E.sub),
     setattr(_At, _name, _update_method(_name, _combine))
 
 
-def update_at(x: Any, index: Any, v: Any, combine: Any, what: str) -> Any:
+def update_at(x: Any, index: Any, v: Any, combine: Any, what: str, mode: str | None = None
+              ) -> Any:
     """`x` with `x[index]` replaced by `v` (combine None) or by `combine(x[index], v)`: a basic
     index is one update_slice; integer arrays (ints among them) one scatter or scatter_add
-    on the indexed axes merged into one (see `_Merged` and `_by_array`)."""
+    on the indexed axes merged into one (see `_Merged` for `mode` and `_by_array`)."""
     items = _expand(index, len(E.shape_of(x)))
     if not any(_is_array_index(i) for i in items):
         return update(x, index, v, combine, what)
     if any(i is None for i in items):
         raise NotImplementedError(f"{what}: None (a new axis) beside an index array is not "
                                   "supported" + _at_user())
-    m = _Merged(x, items, what)
+    m = _Merged(x, items, what, drop=mode in (None, "drop", "fill"), clip=mode == "clip")
     xm, flat, axis = m.xm, m.flat, m.axis
     shape = tuple(E.shape_of(xm))
     target = shape[:axis] + tuple(E.shape_of(flat)) + shape[axis + 1:]
@@ -346,39 +374,16 @@ def update_at(x: Any, index: Any, v: Any, combine: Any, what: str) -> Any:
 def _by_array(x: Any, v: Any, idx: Any, axis: int, combine: Any) -> Any:
     """x updated by one index array `idx` along `axis` (v: x[idx]'s shape, x's dtype).
     add/subtract are a scatter_add; set, multiply, min and max one scatter (repeated indices
-    apply in order, as numpy's ufunc.at). divide and power by a traced array divide by, or
-    raise to, the product of each entry's updates (as JAX); by a concrete array they run in
-    rounds: round r applies the r-th occurrence of every index (unique within the round),
-    read with take and written back with a take from the round's values and a where."""
+    apply in order, as numpy's ufunc.at); divide and power divide by, or raise to, the product
+    of each entry's updates (as JAX)."""
     shape = tuple(E.shape_of(x))
-    n = shape[axis]
     if combine is E.add or combine is E.sub:
-        return x + E.scatter_add(v if combine is E.add else -v, idx, axis, n)
+        return x + E.scatter_add(v if combine is E.add else -v, idx, axis, shape[axis])
     mode = _SCATTER_MODES.get(combine)
     if mode is not None:
         return E.scatter(x, v, idx, axis, mode)
-    if isinstance(idx, Traced):
-        prod = E.scatter(E.full(shape, 1, E.dtype_of(x)), v, idx, axis, "mul")
-        return E.asdtype(combine(x, prod), E.dtype_of(x))
-    flat = idx.reshape(-1).astype(np.int64)
-    v = E.reshape(v, shape[:axis] + (flat.size,) + shape[axis + 1:])
-    # each entry's rank among the entries of its index, in order
-    order = np.argsort(flat, kind="stable")
-    ranked = flat[order]
-    first = np.r_[True, ranked[1:] != ranked[:-1]]
-    at_first = np.maximum.accumulate(np.where(first, np.arange(flat.size), 0))
-    rank = np.empty(flat.size, np.int64)
-    rank[order] = np.arange(flat.size) - at_first
-    bcast = [1] * len(shape)
-    bcast[axis] = n
-    for r in range(int(rank.max()) + 1):
-        ks = np.flatnonzero(rank == r)
-        at = flat[ks]
-        vr = v if ks.size == flat.size else E.take(v, ks, axis)
-        new = E.asdtype(combine(E.take(x, at, axis), vr), E.dtype_of(x))    # (int / int)
-        src = np.zeros(n, np.int64)
-        src[at] = np.arange(at.size)
-        hit = np.zeros(n, np.bool_)
-        hit[at] = True
-        x = E.where(hit.reshape(bcast), E.take(new, src, axis), x)
-    return x
+    prod = E.scatter(E.full(shape, 1, E.dtype_of(x)), v, idx, axis, "mul")
+    # (only where an update lands: x / 1 of an int x goes through float32)
+    hit = E.scatter(E.full(shape, False, np.bool_), E.full(E.shape_of(v), True, np.bool_), idx,
+                    axis, "set")
+    return E.where(hit, E.asdtype(combine(x, prod), E.dtype_of(x)), x)

@@ -13,7 +13,7 @@ from .autograd_exec import realize
 from .autograd_graph import MAX_LEAF_CHAIN, Inplace, Node
 from .grad_mode import mode
 from .indexing import _expand as expand_index
-from .indexing import getitem, update_at
+from .indexing import _index_array, _is_array_index, getitem, update_at
 from .tensor import Tensor, record, refresh_views, register_view, write_aliases
 from .tensor_record import binary_methods, record_binary, record_unary
 
@@ -665,8 +665,23 @@ Tensor.uniform_ = _uniform_
 Tensor.normal_ = _normal_
 
 
+def _check_index_arrays(index: Any, shape: tuple) -> None:
+    """IndexError for an index array (or tensor) out of bounds, as torch raises (the update
+    recorded with it as an input would drop such an entry, as JAX's do)."""
+    dim = 0
+    for item in expand_index(index, len(shape)):
+        if item is None:
+            continue
+        if _is_array_index(item):
+            _index_array(np.asarray(item._val() if isinstance(item, Tensor) else item),
+                         shape[dim], dim, "slice assignment")
+        dim += 1
+
+
 def _setitem(self: Tensor, index: Any, value: Any) -> None:
     _check_inplace(self)
+    if type(index) is not int:
+        _check_index_arrays(index, self.shape)
     unchanged = row = None
     if isinstance(index, Tensor) and index.dtype == np.bool_:
         new = record(_masked_set, "MaskedFill", (self, index, value), {})
