@@ -442,3 +442,11 @@ def test_tensor_assignment_by_an_index_array_out_of_bounds_raises_as_torch():
             t[index] = 1.0
     assert not t.numpy().any()
 
+
+def test_tensor_assignment_by_a_boolean_mask_tensor_still_fills():
+    """t[mask] = v with a bool tensor is masked_fill (the index-array bounds check, which
+    runs before recording an update by index arrays, once refused it)."""
+    t = tg.zeros(4)
+    t[tg.tensor(np.array([True, False, True, False]))] = 1.0
+    assert t.tolist() == [1.0, 0.0, 1.0, 0.0]
+

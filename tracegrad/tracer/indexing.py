@@ -306,7 +306,7 @@ def _hints(hints: dict, what: str) -> str | None:
     return mode
 
 
-# the updates by an index array that are one scatter op (by what `_At._apply` combines with)
+# the updates by an index array that are one scatter op (by what `update_at` combines with)
 _SCATTER_MODES = {None: "set", E.mul: "mul", E.minimum: "min", E.maximum: "max"}
 
 

@@ -680,12 +680,12 @@ def _check_index_arrays(index: Any, shape: tuple) -> None:
 
 def _setitem(self: Tensor, index: Any, value: Any) -> None:
     _check_inplace(self)
-    if type(index) is not int:
-        _check_index_arrays(index, self.shape)
     unchanged = row = None
     if isinstance(index, Tensor) and index.dtype == np.bool_:
         new = record(_masked_set, "MaskedFill", (self, index, value), {})
     else:
+        if type(index) is not int:
+            _check_index_arrays(index, self.shape)
         new = record(_scatter, "CopySlices", (self, value, index), {})
         if self._x is not None and "views" in self._x:
             unchanged = _reads_none_of(index, self.shape)

@@ -12,7 +12,7 @@ from .. import ir
 from ..ir import emit as E
 from ..config import config
 from ..ir.builder import Builder, Traced, current_builder
-from .pytree import tree_flatten, tree_unflatten
+from .pytree import TreeDef, tree_flatten, tree_unflatten
 from .trace import aval_of_leaf, call_graph, flatten_args, trace
 
 
@@ -98,6 +98,17 @@ class Started(NamedTuple):
     wrt: list         # the flat leaves differentiated
 
 
+def _main_leaves(out_tree: TreeDef, has_aux: bool, fname: str) -> int:
+    """How many of f's output leaves a transform differentiates: all, or with `has_aux` those
+    of the first of the pair (out, aux) f must return."""
+    if not has_aux:
+        return out_tree.num_leaves
+    if out_tree.kind not in ("tuple", "list") or len(out_tree.children) != 2:
+        raise TypeError(f"{fname} with has_aux=True needs f to return a pair (out, aux), "
+                        f"got {out_tree}")
+    return out_tree.children[0].num_leaves
+
+
 def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
                    has_aux: bool = False) -> Callable:
     """`(value, grad)` of a scalar function; grad is for the args named by `argnums`."""
@@ -132,12 +143,7 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
         nums, ranges, wrt = meta.nums, meta.ranges, meta.wrt
         g = ir.roll_loops(tf.graph) if config.roll_loops else tf.graph
         n_out = len(g.outvars)
-        if has_aux:
-            if tf.out_tree.kind not in ("tuple", "list") or len(tf.out_tree.children) != 2:
-                raise TypeError("grad with has_aux=True needs f to return a pair (out, aux)")
-            n_main = tf.out_tree.children[0].num_leaves
-        else:
-            n_main = n_out
+        n_main = _main_leaves(tf.out_tree, has_aux, "grad")
         if n_main != 1 or g.outvars[0].aval.shape != ():
             shape = g.outvars[0].aval.shape if n_main == 1 else f"{n_main} values"
             raise TypeError(f"grad of {fname}: the function must return a scalar (shape ()), "
@@ -288,12 +294,7 @@ def _jacobian_io(f: Callable, args: Sequence[Any], argnums: int | Sequence[int],
     ranges = _leaf_ranges(args, static)
     wrt = [i for n in nums for i in ranges[n]]
     _check_float(leaves, wrt, fname, ranges)
-    n_main = len(tf.graph.outvars)
-    if has_aux:
-        if tf.out_tree.kind not in ("tuple", "list") or len(tf.out_tree.children) != 2:
-            raise TypeError(f"{fname} with has_aux=True needs f to return a pair (out, aux), "
-                            f"got {tf.out_tree}")
-        n_main = tf.out_tree.children[0].num_leaves
+    n_main = _main_leaves(tf.out_tree, has_aux, fname)
     for k, o in enumerate(tf.graph.outvars[:n_main]):
         if float_outputs and not ir.is_float(o.aval.dtype):
             raise TypeError(f"{fname} requires real-valued floating point outputs, but output "
