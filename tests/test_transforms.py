@@ -384,6 +384,24 @@ def test_keyword_arguments_are_traced_not_differentiated():
     np.testing.assert_allclose(tg.jit(tg.grad(f))(x, scale=0.5), x)
 
 
+def test_jacobians_and_make_ir_take_keyword_arguments():
+    # as JAX: traced like positional arguments after the others, never differentiated
+    def f(x, y, scale=1.0):
+        return tg.sin(x) * y * scale
+    expected = {0: np.diag(np.cos(X) * Y * 3), 1: np.diag(np.sin(X) * 3)}
+    for jac in (tg.jacrev, tg.jacfwd):
+        np.testing.assert_allclose(jac(f)(X, Y, scale=3.0), expected[0])
+        np.testing.assert_allclose(jac(f, argnums=-1)(X, Y, scale=3.0), expected[1])
+        for got, want in zip(jac(f, argnums=(0, 1))(X, Y, scale=3.0), expected.values(),
+                             strict=True):
+            np.testing.assert_allclose(got, want)
+        np.testing.assert_allclose(tg.jit(jac(f))(X, Y, scale=3.0), expected[0])
+    h = tg.hessian(lambda x, scale=1.0: tg.sum(x * x * x) * scale)(X, scale=2.0)
+    np.testing.assert_allclose(h, np.diag(12 * X))
+    graph = tg.make_ir(f)(X, Y, scale=2.0)
+    assert len(graph.invars) == 3 and "sin" in str(graph)
+
+
 def test_jit_rebuilds_output_trees_of_every_kind():
     from tracegrad.tracer.pytree import tree_flatten, unflattener
     for tree in [(1, (2, 3)), [1, None, {"a": 2, "b": (3,)}], {"x": [1, 2]}, 5, (), [],

@@ -90,6 +90,17 @@ def _positional(f: Callable, n: int, keys: tuple[str, ...]) -> Callable:
     return g
 
 
+def _with_keywords(transform: Callable, f: Callable, argnums: int | Sequence[int],
+                   fname: str, args: tuple, kwargs: dict, *options: Any) -> Any:
+    """`transform(f, argnums, *options)(*args, **kwargs)` for a transform taking positional
+    arguments only: as in JAX, keyword arguments are traced like positional ones and never
+    differentiated (they go after `args`; `argnums` keeps naming the same ones)."""
+    nums = _argnums(argnums, len(args), fname)
+    return transform(_positional(f, len(args), tuple(kwargs)),
+                     nums[0] if isinstance(argnums, int) else nums,
+                     *options)(*args, *kwargs.values())
+
+
 class Started(NamedTuple):
     """What `value_and_grad`'s trace of f hands to its differentiation (see jit)."""
     nums: tuple       # the differentiated arguments
@@ -131,11 +142,8 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
 
     @functools.wraps(f)
     def vg(*args: Any, **kwargs: Any) -> Any:
-        if kwargs:   # keyword arguments are traced like positional ones, never differentiated
-            nums = _argnums(argnums, len(args), "grad")
-            return value_and_grad(_positional(f, len(args), tuple(kwargs)),
-                                  nums[0] if isinstance(argnums, int) else nums,
-                                  has_aux)(*args, *kwargs.values())
+        if kwargs:
+            return _with_keywords(value_and_grad, f, argnums, "grad", args, kwargs, has_aux)
         return finish(args, *start(args))
 
     def finish(args: tuple, tf: Any, leaves: list, meta: Started) -> Any:
@@ -333,7 +341,9 @@ def jacrev(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False
     argument. `has_aux`: f returns a pair (out, aux); the result is (the Jacobian of out,
     aux), aux not differentiated."""
     @functools.wraps(f)
-    def jac(*args: Any) -> Any:
+    def jac(*args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            return _with_keywords(jacrev, f, argnums, "jacrev", args, kwargs, has_aux)
         tf, leaves, g, wrt, arg, n_main = _jacobian_io(f, args, argnums, "jacrev", True,
                                                        has_aux)
         b = Builder("jacrev")
@@ -374,7 +384,9 @@ def jacfwd(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False
     """The Jacobian by forward mode: one tangent per input element, in one graph. Pytree
     arguments and outputs, a tuple `argnums` and `has_aux`, as `jacrev`."""
     @functools.wraps(f)
-    def jac(*args: Any) -> Any:
+    def jac(*args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            return _with_keywords(jacfwd, f, argnums, "jacfwd", args, kwargs, has_aux)
         tf, leaves, g, wrt, arg, n_main = _jacobian_io(f, args, argnums, "jacfwd", False,
                                                        has_aux)
         b = Builder("jacfwd")
@@ -413,7 +425,10 @@ def make_ir(f: Callable, static_argnums: Sequence[int] = ()) -> Callable[..., ir
     static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
 
     @functools.wraps(f)
-    def make(*args: Any) -> ir.Graph:
+    def make(*args: Any, **kwargs: Any) -> ir.Graph:
+        if kwargs:      # (traced like positional arguments after args, as JAX's make_jaxpr)
+            return make_ir(_positional(f, len(args), tuple(kwargs)), static)(
+                *args, *kwargs.values())
         tf, _ = trace(f, args, static)
         return ir.dce(tf.graph)
     return make
