@@ -264,6 +264,14 @@ def test_updates_by_a_traced_index_array_carry_nan_and_drop_or_clip():
         tg.jit(lambda x: x.at[np.array([7])].set(0.0))(x)
     np.testing.assert_array_equal(tg.jit(lambda x: x.at[np.array([7])].set(0.0, mode="clip"))(x),
                                   [1.0, np.nan, 0.0])
+    # an int of a basic index too (JAX's "clip" clamps both)
+    with pytest.raises(IndexError, match="index 7 is out of bounds"):
+        tg.jit(lambda x: x.at[7].set(0.0))(x)
+    np.testing.assert_array_equal(tg.jit(lambda x: x.at[7].set(0.0, mode="clip"))(x),
+                                  [1.0, np.nan, 0.0])
+    want = np.array(X)
+    want[0, 1:] += 1.0
+    np.testing.assert_array_equal(tg.jit(lambda y: y.at[-5, 1:].add(1.0, mode="clip"))(X), want)
     with pytest.raises(ValueError, match=r"at\[\]\.set: mode must be one of"):
         tg.jit(lambda x: x.at[np.array([1])].set(0.0, mode="wrap"))(x)
     gx, gv = tg.grad(lambda x, v: tg.sum(x.at[np.array([0, 1, 2])].max(v) * np.array(

@@ -244,10 +244,12 @@ def _merged_getitem(x: Any, items: list) -> Any:
     return E.take(m.xm, m.flat, m.axis)
 
 
-def _basic_slices(shape: tuple, index: Any, what: str) -> tuple[list, list, list]:
+def _basic_slices(shape: tuple, index: Any, what: str, clip: bool = False
+                  ) -> tuple[list, list, list]:
     """For a basic index (ints, slices, None, '...') of an array of `shape`: the slice per
     axis, the slice's shape, and x[index]'s shape (what a value written there broadcasts
-    to). Raises IndexError for an int out of range, NotImplementedError for array indices."""
+    to). Raises IndexError for an int out of range (`clip`: clamps it, as JAX's mode "clip"),
+    NotImplementedError for array indices."""
     slices, sub, target = [], [], []
     dim = 0
     for item in _expand(index, len(shape)):
@@ -261,7 +263,8 @@ def _basic_slices(shape: tuple, index: Any, what: str) -> tuple[list, list, list
             sub.append(len(range(*s)))
             target.append(len(range(*s)))
         elif isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)):
-            i = _int_item(int(item), n, dim, what)
+            i = min(max(int(item), -n), n - 1) if clip and n else int(item)
+            i = _int_item(i, n, dim, what)
             slices.append((i, i + 1, 1))
             sub.append(1)
         else:
@@ -272,12 +275,13 @@ def _basic_slices(shape: tuple, index: Any, what: str) -> tuple[list, list, list
     return slices, sub, target
 
 
-def update(x: Any, index: Any, v: Any, combine: Any = None, what: str = "update") -> Any:
+def update(x: Any, index: Any, v: Any, combine: Any = None, what: str = "update",
+           clip: bool = False) -> Any:
     """`x` with `x[index]` (a basic index) replaced by `v`, or by `combine(x[index], v)`;
     `v` broadcasts to x[index]'s shape as numpy's slice assignment does (leading 1s beyond
-    its rank dropped) and takes x's dtype."""
+    its rank dropped) and takes x's dtype. `clip`: an int out of range is clamped."""
     shape = tuple(E.shape_of(x))
-    slices, sub, target = _basic_slices(shape, index, what)
+    slices, sub, target = _basic_slices(shape, index, what, clip)
     v = E.asdtype(v, E.dtype_of(x))
     vshape = tuple(E.shape_of(v))
     extra = len(vshape) - len(target)
@@ -351,7 +355,7 @@ def update_at(x: Any, index: Any, v: Any, combine: Any, what: str, mode: str | N
     on the indexed axes merged into one (see `_Merged` for `mode` and `_by_array`)."""
     items = _expand(index, len(E.shape_of(x)))
     if not any(_is_array_index(i) for i in items):
-        return update(x, index, v, combine, what)
+        return update(x, index, v, combine, what, mode == "clip")
     if any(i is None for i in items):
         raise NotImplementedError(f"{what}: None (a new axis) beside an index array is not "
                                   "supported" + _at_user())
