@@ -135,8 +135,6 @@ def test_update_errors_name_the_update_and_the_axis():
         tg.jit(lambda x: x.at[np.array([1, 7])].subtract(1.0))(X)
     with pytest.raises(NotImplementedError, match=r"at\[\]\.set: only ints, slices"):
         tg.jit(lambda x: x.at[1, 2.5].set(0.0))(X)
-    with pytest.raises(NotImplementedError, match=r"at\[\]\.set: None \(a new axis\) beside"):
-        tg.jit(lambda x: x.at[None, [1]].set(0.0))(X)
     with pytest.raises(IndexError, match=r"at\[\]\.multiply: index 4 is out of bounds"):
         tg.jit(lambda x: x.at[[0, 4]].multiply(2.0))(X)
 
@@ -291,6 +289,10 @@ MERGED = {
     "arrays_apart": (X3, lambda i, j: (i, slice(None), j)),
     "arrays_together": (X3, lambda i, j: (slice(1, 3), i[:, None], j)),   # broadcast 2-d
     "reversed_slice": (X3, lambda i, j: (i, slice(None, None, -2), 0)),
+    # a new axis (None) parts the indexed axes as a slice does: their axes go first
+    "arrays_new_axis_between": (X, lambda i, j: (i, None, j)),
+    "int_new_axis_array": (X3, lambda i, j: (1, None, i)),    # (was laid out (1, 4, 5))
+    "new_axis_first": (X, lambda i, j: (None, i, j, None)),
 }
 I_ROWS, J_COLS = np.array([2, 0, 2, -1]), np.array([4, 1, 4, 0])   # (2, 4) repeats
 
@@ -361,6 +363,21 @@ def test_updates_by_an_int_and_arrays_on_sliced_axes():
                                rtol=1e-14)
 
 
+def test_updates_with_a_new_axis_beside_index_arrays():
+    """x.at[i, None, j] (was NotImplementedError): x with a size-1 axis where the None is,
+    updated as numpy would update that, and laid out as x again."""
+    for index in [(I_ROWS, None, I_ROWS), (None, 1, slice(None), J_COLS[:3]),
+                  (I_ROWS[:2], None, slice(1, 3), None, J_COLS[:2])]:
+        want = np.array(X3)
+        shape = iter(X3.shape)
+        view = want.reshape([1 if i is None else next(shape) for i in index]
+                            + list(X3.shape[len([i for i in index if i is not None]):]))
+        np.add.at(view, tuple(slice(None) if i is None else i for i in index), 1.5)
+        np.testing.assert_array_equal(tg.jit(lambda x: x.at[index].add(1.5))(X3), want)
+        check_grads(lambda x: tg.sin(tg.jit(lambda x: x.at[index].multiply(x[index]))(x)),
+                    [X3])
+
+
 @pytest.mark.skipif(jax is None, reason="jax is not installed")
 @pytest.mark.parametrize("kind", ["get", "set", "add", "min", "max"])
 def test_several_arrays_match_jax(kind):
@@ -378,6 +395,38 @@ def test_several_arrays_match_jax(kind):
     np.testing.assert_allclose(val, float(jval), rtol=1e-12)
     for a, b in zip(grads, jgrads, strict=True):
         np.testing.assert_allclose(a, np.asarray(b), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("index", [(1, slice(None), [0, 2]), (1, None, [0, 2]),
+                                   (Ellipsis, -1, [3, 0]), ([2, 0], 1, [1, 4])])
+def test_tensor_ints_beside_index_arrays_select_first_as_torch(index):
+    """A Tensor's t[1, :, idx] is t[1][:, idx], as torch (numpy lays idx's axis first: the
+    functional API's x[1, :, idx] does), for reading and for assignment; gradients too."""
+    arrays = tuple(np.array(i) if isinstance(i, list) else i for i in index)
+    ints = tuple(i if type(i) is int else slice(None) for i in arrays if i is not None)
+    rest = tuple(i for i in arrays if type(i) is not int)
+    want = X3[ints][rest]
+    w = tg.tensor(np.array(X3), requires_grad=True)
+    y = w[arrays]
+    np.testing.assert_array_equal(y.detach().numpy(), want)
+    v = tg.tensor(rand(*want.shape, seed=12), requires_grad=True)
+    u = w * 2.0
+    u[arrays] = v * 3.0
+    (u * u + y.sum()).sum().backward()
+    expect = X3 * 2.0
+    expect[ints][rest] = v.detach().numpy() * 3.0       # (expect[ints]: a view, written)
+    np.testing.assert_allclose(u.detach().numpy(), expect, rtol=1e-15)
+    if torch is not None:
+        wt = torch.tensor(np.array(X3), requires_grad=True)
+        vt = torch.tensor(v.detach().numpy(), requires_grad=True)
+        ti = tuple(torch.tensor(i) if isinstance(i, list) else i for i in index)
+        yt = wt[ti]
+        ut = wt * 2.0
+        ut[ti] = vt * 3.0
+        (ut * ut + yt.sum()).sum().backward()
+        np.testing.assert_allclose(u.detach().numpy(), ut.detach().numpy(), rtol=1e-15)
+        np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-14)
+        np.testing.assert_allclose(v.grad.numpy(), vt.grad.numpy(), rtol=1e-14)
 
 
 def test_tensor_slice_assignment_out_of_bounds_raises_as_torch():

@@ -219,9 +219,8 @@ def getitem(x: Any, index: Any) -> Any:
         else:
             raise IndexError(f"unsupported index {item!r} of type {type(item).__name__}")
         dim += 1
-    if advanced is not None:
-        real = [i for i in items if i is not None]
-        spots = [k for k, i in enumerate(real)
+    if advanced is not None:    # (a slice or a None between an int and the array: merged)
+        spots = [k for k, i in enumerate(items)
                  if isinstance(i, (int, np.integer)) or _is_array_index(i)]
         if spots != list(range(spots[0], spots[-1] + 1)):
             return _merged_getitem(x, items)
@@ -236,12 +235,20 @@ def getitem(x: Any, index: Any) -> Any:
 
 def _merged_getitem(x: Any, items: list) -> Any:
     """x[index] for several index arrays, or an int and an array a slice apart."""
-    if any(i is None for i in items):
-        raise NotImplementedError("indexing with None (a new axis) beside several integer "
-                                  "arrays, or beside an int and an array a slice apart, is "
-                                  "not supported" + _at_user())
+    x, items = _new_axes(x, items)
     m = _Merged(x, items, "indexing")
     return E.take(m.xm, m.flat, m.axis)
+
+
+def _new_axes(x: Any, items: list) -> tuple[Any, list]:
+    """(x', items') with x'[items'] == x[items] and no None in items': x with an axis of size 1
+    where each None is, taken whole (numpy's advanced indexing places its result the same
+    way: None is not an index array, so it separates two as a slice does)."""
+    if not any(i is None for i in items):
+        return x, items
+    shape = iter(E.shape_of(x))
+    return (E.reshape(x, tuple(1 if i is None else next(shape) for i in items)),
+            [slice(None) if i is None else i for i in items])
 
 
 def _basic_slices(shape: tuple, index: Any, what: str, clip: bool = False
@@ -356,9 +363,7 @@ def update_at(x: Any, index: Any, v: Any, combine: Any, what: str, mode: str | N
     items = _expand(index, len(E.shape_of(x)))
     if not any(_is_array_index(i) for i in items):
         return update(x, index, v, combine, what, mode == "clip")
-    if any(i is None for i in items):
-        raise NotImplementedError(f"{what}: None (a new axis) beside an index array is not "
-                                  "supported" + _at_user())
+    x0, (x, items) = x, _new_axes(x, items)
     m = _Merged(x, items, what, drop=mode in (None, "drop", "fill"), clip=mode == "clip")
     xm, flat, axis = m.xm, m.flat, m.axis
     shape = tuple(E.shape_of(xm))
@@ -370,9 +375,10 @@ def update_at(x: Any, index: Any, v: Any, combine: Any, what: str, mode: str | N
         v = E.reshape(v, vshape[extra:])
     v = E.broadcast_to(v, target)
     if not math.prod(E.shape_of(flat)):
-        return x
+        return x0
     y = m.back(_by_array(xm, v, flat, axis, combine))
-    return y if m.slices is None else E.update_slice(x, y, m.slices)
+    y = y if m.slices is None else E.update_slice(x, y, m.slices)
+    return y if x is x0 else E.reshape(y, E.shape_of(x0))
 
 
 def _by_array(x: Any, v: Any, idx: Any, axis: int, combine: Any) -> Any:

@@ -492,7 +492,28 @@ def _getitem(self: Tensor, index: Any) -> Tensor:
         flat = _reshape(self, (-1,) + self.shape[m.ndim:])
         return record(_r(tnp.take), "Index", (flat, np.flatnonzero(m), 0), {},
                       keep_arrays=True)
+    split = _ints_first(index, self.ndim)
+    if split is not None:
+        return _getitem(_getitem(self, split[0]), split[1])
     return record(_r(getitem), "Index", (self, index), {}, keep_arrays=True)
+
+
+def _is_int(i: Any) -> bool:
+    return isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_))
+
+
+def _ints_first(index: Any, ndim: int) -> tuple[tuple, tuple] | None:
+    """For an index mixing ints and index arrays: (its ints, the rest), as torch applies them
+    one after the other (the ints as selects: `t[1, :, idx]` is `t[1][:, idx]`, of shape
+    (n, len(idx)); numpy, taking the int for an index array, lays idx's axis first). None
+    for any other index."""
+    if type(index) is not tuple:
+        return None
+    items = expand_index(index, ndim)
+    if not any(map(_is_int, items)) or not any(map(_is_array_index, items)):
+        return None
+    return (tuple(i if _is_int(i) else slice(None) for i in items if i is not None),
+            tuple(i for i in items if not _is_int(i)))
 
 
 _getitem_raw = _getitem
@@ -701,5 +722,10 @@ Tensor.__setitem__ = _setitem
 
 def _scatter(x: Any, v: Any, index: Any) -> Any:
     """`x` with `x[index]` replaced by `v`: basic indexing (ints, slices, `...`, None), or
-    integer arrays (torch's index_put_; of a repeated index, the last value is written)."""
+    integer arrays (torch's index_put_; of a repeated index, the last value is written);
+    ints beside index arrays select first, as torch's (see `_ints_first`)."""
+    split = _ints_first(index, len(E.shape_of(x)))
+    if split is not None:
+        part = update_at(getitem(x, split[0]), split[1], v, None, "slice assignment")
+        return update_at(x, split[0], part, None, "slice assignment")
     return update_at(x, index, v, None, "slice assignment")
