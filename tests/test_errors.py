@@ -93,6 +93,32 @@ def test_shape_problems_without_a_primitive_are_value_errors():
         tg.jit(lambda x: x[0, 0, 0])(A)
 
 
+def test_axes_out_of_range_raise_as_numpy_and_torch():
+    """An axis out of range was taken modulo the dimension (cat(axis=2) of 2-d arrays joined
+    them along axis 0): now an AxisError, a ValueError and an IndexError as numpy's (torch
+    raises IndexError), naming the op and the user's line."""
+    t = tg.tensor(np.array(A))
+    cases = [(lambda: tg.concatenate([A, A], axis=2), here(), "concatenate: axis 2"),
+             (lambda: tg.cat([t, t], axis=-3), here(), "concatenate: axis -3"),
+             (lambda: tg.stack([A, A], axis=3), here(), "stack: axis 3"),
+             (lambda: t.unsqueeze(3), here(), "expand_dims: axis 3"),
+             (lambda: tg.expand_dims(A, -4), here(), "expand_dims: axis -4"),
+             (lambda: t.flatten(2), here(), "flatten: axis 2"),
+             (lambda: tg.take(A, np.array([0]), axis=2), here(), "take: axis 2"),
+             (lambda: tg.jit(lambda x: tg.concatenate([x, x], 2))(A), here(), "concatenate"),
+             (lambda: tg.nn.functional.cross_entropy(t, np.zeros(2, np.int64), dim=2), here(),
+              "cross_entropy: axis 2"),
+             (lambda: tg.nn.Flatten(0, 2)(t), here(), "Flatten: axis 2")]
+    for fn, line, words in cases:
+        with pytest.raises(tg.AxisError, match=f"{words}.* out of bounds .*\\(at {line}\\)"):
+            fn()
+    assert issubclass(tg.AxisError, ValueError) and issubclass(tg.AxisError, IndexError)
+    with pytest.raises(RuntimeError, match="start_dim cannot come after end_dim"):
+        t.flatten(1, 0)
+    assert t.unsqueeze(2).shape == (2, 3, 1) and t.unsqueeze(-3).shape == (1, 2, 3)
+    assert tg.stack([A, A], axis=-1).shape == (2, 3, 2)
+
+
 def test_index_errors_name_the_bad_index_and_the_users_line():
     t = tg.tensor(np.arange(6.0).reshape(3, 2))
     cases = [   # (fn, its line here, message): a too-negative one is named, not the largest

@@ -5,7 +5,7 @@ Python into IR, reverse mode turns it into gradient IR, llvmlite compiles it nat
 from . import ir
 from .config import config
 from .ir.builder import TracingError
-from .ir.ops import DTypeError, ShapeError
+from .ir.ops import AxisError, DTypeError, ShapeError
 from .tracer.custom import custom_vjp
 from .tracer.indexing import getitem
 from .tracer.jit import jit

@@ -14,6 +14,11 @@ class ShapeError(ValueError):
     """An op was given operands whose shapes do not fit together."""
 
 
+class AxisError(ShapeError, IndexError):
+    """An axis out of range for the array's dimensions (as numpy's AxisError: a ValueError
+    and an IndexError, the class torch raises for a dim out of range)."""
+
+
 class DTypeError(TypeError):
     """An op was given operands of a dtype it does not accept."""
 

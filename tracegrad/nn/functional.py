@@ -63,8 +63,8 @@ def cross_entropy(logits: Any, labels: Any, reduction: str = "mean",
     logits = E.to_float(tnp._arr(logits))
     labels = tnp._arr(labels)
     ndim = len(E.shape_of(logits))
-    if axis % ndim != ndim - 1:   # the class axis goes last
-        axis %= ndim
+    axis = tnp._axis(axis, ndim, what="cross_entropy")
+    if axis != ndim - 1:   # the class axis goes last
         logits = E.transpose(logits, [i for i in range(ndim) if i != axis] + [axis])
     if not np.issubdtype(E.dtype_of(labels), np.integer):
         raise TypeError(f"cross_entropy: labels must be integer class indices, got "

@@ -140,7 +140,7 @@ class Flatten(Module):
 
     def forward(self, x: Any) -> Any:
         shape = tuple(x.shape)
-        s, e = self.start_dim % len(shape), self.end_dim % len(shape)
+        s, e = (tnp._axis(d, len(shape), what="Flatten") for d in (self.start_dim, self.end_dim))
         return tnp.reshape(x, shape[:s] + (math.prod(shape[s:e + 1]),) + shape[e + 1:])
 
 

@@ -9,8 +9,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..ir import emit as E
-from ..ir.builder import Traced
-from ..ir.ops import ShapeError, broadcast_shapes
+from ..ir.builder import Traced, user_source
+from ..ir.ops import AxisError, ShapeError, broadcast_shapes
 from .dispatch import op
 from .pytree import NODE_TYPES, tree_map
 
@@ -52,12 +52,18 @@ def _axes(x: Any, axis: Any) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(ndim))
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    out = []
-    for a in axes:
-        if not -ndim <= a < builtins.max(ndim, 1):
-            raise ShapeError(f"axis {a} is out of bounds for an array of dimension {ndim}")
-        out.append(a % builtins.max(ndim, 1))
-    return tuple(sorted(out))
+    return tuple(sorted(_axis(a, builtins.max(ndim, 1), ndim) for a in axes))
+
+
+def _axis(a: int, n: int, ndim: int | None = None, what: str = "") -> int:
+    """Axis `a` of `n` axes, from 0 (AxisError if out of range; `ndim`: the dimension to
+    name, when it is not `n`: a 0-d array's reductions take axis 0)."""
+    if not -n <= a < n:
+        src = user_source()
+        raise AxisError(f"{what + ': ' if what else ''}axis {a} is out of bounds for an "
+                        f"array of dimension {n if ndim is None else ndim}"
+                        + (f" (at {src})" if src else ""))
+    return a % n
 
 
 def _axis_kw(axis: Any, kwargs: dict) -> Any:
@@ -326,7 +332,8 @@ def expand_dims(x: Any, axis: int | Sequence[int]) -> Any:
     x = _arr(x)
     shape = list(E.shape_of(x))
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    for a in sorted(a % (len(shape) + len(axes)) for a in axes):   # as numpy: output axes
+    n = len(shape) + len(axes)      # (as numpy: axes of the output)
+    for a in sorted(_axis(a, n, what="expand_dims") for a in axes):
         shape.insert(a, 1)
     return E.reshape(x, shape)
 
@@ -353,7 +360,7 @@ def concatenate(xs: Sequence[Any], axis: int = 0) -> Any:
     ndim = len(E.shape_of(xs[0]))
     if ndim == 0:
         raise ShapeError("concatenate: zero-dimensional arrays cannot be concatenated")
-    return E.concatenate(xs, axis % ndim)
+    return E.concatenate(xs, _axis(axis, ndim, what="concatenate"))
 
 
 cat = concatenate
@@ -368,7 +375,7 @@ def stack(xs: Sequence[Any], axis: int = 0) -> Any:
     if len(shapes) != 1:
         raise ShapeError(f"stack: all input arrays must have the same shape, got "
                          f"{[tuple(E.shape_of(x)) for x in xs]}")
-    axis = axis % (len(E.shape_of(xs[0])) + 1)
+    axis = _axis(axis, len(E.shape_of(xs[0])) + 1, what="stack")
     return E.concatenate([expand_dims.raw(x, axis) for x in xs], axis)
 
 
@@ -379,7 +386,7 @@ def take(x: Any, indices: Any, axis: int | None = None) -> Any:
     if axis is None:
         x = E.reshape(x, (E.size_of(E.shape_of(x)),))
         axis = 0
-    axis = axis % builtins.max(len(E.shape_of(x)), 1)
+    axis = _axis(axis, builtins.max(len(E.shape_of(x)), 1), len(E.shape_of(x)), "take")
     if isinstance(idx, (np.ndarray, np.generic)) and np.size(idx):
         n = E.shape_of(x)[axis]
         bad = idx[(idx < -n) | (idx >= n)]

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..ir import emit as E
 from . import numpy_api as tnp
+from .numpy_api import _axis
 from .autograd_exec import realize
 from .autograd_graph import MAX_LEAF_CHAIN, Inplace, Node
 from .grad_mode import mode
@@ -186,7 +187,9 @@ def _flatten(self: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     shape = self.shape
     if not shape:
         return _reshape(self, 1)
-    s, e = start_dim % len(shape), end_dim % len(shape)
+    s, e = (_axis(d, len(shape), what="flatten") for d in (start_dim, end_dim))
+    if s > e:
+        raise RuntimeError("flatten() has invalid args: start_dim cannot come after end_dim")
     new = shape[:s] + (int(np.prod(shape[s:e + 1])),) + shape[e + 1:]
     return _reshape(self, new)
 
