@@ -500,6 +500,18 @@ def test_tensor_assignment_by_an_index_array_out_of_bounds_raises_as_torch():
     assert not t.numpy().any()
 
 
+def test_tensor_indexing_by_a_tensor_out_of_bounds_raises_as_torch():
+    """A tensor index is recorded as an input, a traced one: out of bounds it was clamped
+    silently (t[tensor([0, 5])] of 3 rows read rows 0 and 2)."""
+    t = tg.tensor(np.arange(12.0).reshape(3, 4), requires_grad=True)
+    for index in [tg.tensor(np.array([0, 5])), (slice(None), tg.tensor(np.array([-9]))),
+                  (tg.tensor(np.array([1])), tg.tensor(np.array([4])))]:
+        with pytest.raises(IndexError, match="indexing: index -?[0-9]+ is out of bounds"):
+            t[index]
+    rows = t[tg.tensor(np.array([2, -3]))]
+    np.testing.assert_array_equal(rows.detach().numpy(), [[8, 9, 10, 11], [0, 1, 2, 3]])
+
+
 def test_tensor_assignment_by_a_boolean_mask_tensor_still_fills():
     """t[mask] = v with a bool tensor is masked_fill (the index-array bounds check, which
     runs before recording an update by index arrays, once refused it)."""

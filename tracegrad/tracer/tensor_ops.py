@@ -495,6 +495,9 @@ def _getitem(self: Tensor, index: Any) -> Tensor:
         flat = _reshape(self, (-1,) + self.shape[m.ndim:])
         return record(_r(tnp.take), "Index", (flat, np.flatnonzero(m), 0), {},
                       keep_arrays=True)
+    if isinstance(index, Tensor) or type(index) is tuple and any(
+            isinstance(i, Tensor) for i in index):
+        _check_index_arrays(index, self.shape, "indexing")
     split = _ints_first(index, self.ndim)
     if split is not None:
         return _getitem(_getitem(self, split[0]), split[1])
@@ -689,16 +692,17 @@ Tensor.uniform_ = _uniform_
 Tensor.normal_ = _normal_
 
 
-def _check_index_arrays(index: Any, shape: tuple) -> None:
-    """IndexError for an index array (or tensor) out of bounds, as torch raises (the update
-    recorded with it as an input would drop such an entry, as JAX's do)."""
+def _check_index_arrays(index: Any, shape: tuple, what: str = "slice assignment") -> None:
+    """IndexError for an index array (or tensor) out of bounds, as torch raises (recorded
+    as an input, a tensor index is a traced one: reading would clamp it, an update drop its
+    entry, as JAX's do)."""
     dim = 0
     for item in expand_index(index, len(shape)):
         if item is None:
             continue
         if _is_array_index(item):
             _index_array(np.asarray(item._val() if isinstance(item, Tensor) else item),
-                         shape[dim], dim, "slice assignment")
+                         shape[dim], dim, what)
         dim += 1
 
 
