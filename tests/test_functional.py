@@ -6,11 +6,12 @@ import math
 
 import numpy as np
 import pytest
-from conftest import check_grads, rand
+from conftest import anchors, check_grads, rand
 
 import tracegrad as tg
 
 F = tg.nn.functional
+torch, _ = anchors()
 
 LOGITS = rand(4, 5, seed=1, low=-3, high=3)
 LABELS = np.array([0, 4, 2, 2])
@@ -167,6 +168,60 @@ def test_gradients(name):
 def test_second_order(name):
     f, args = GRAD_CASES[name]
     check_grads(f, args, order=2)
+
+
+def _np_cross_entropy(x, labels, reduction, weight, ignore, smoothing):
+    """torch's cross_entropy, written out in numpy (class axis last)."""
+    logp, c = np_log_softmax(x), x.shape[-1]
+    w = np.ones(c) if weight is None else weight
+    kept = labels != ignore
+    safe = np.where(kept, labels, 0)
+    picked = np.take_along_axis(logp, safe[..., None], -1)[..., 0]
+    row_w = np.where(kept, w[safe], 0.0)
+    loss = (1 - smoothing) * -picked * row_w + smoothing / c * np.where(
+        kept, -(logp * w).sum(-1), 0.0)
+    return {"none": loss, "sum": loss.sum(), "mean": loss.sum() / row_w.sum()}[reduction]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("options", [{"ignore_index": 4}, {"weight": "w"},
+                                     {"label_smoothing": 0.2}, {"ignore_index": -1,
+                                     "weight": "w", "label_smoothing": 0.1}])
+def test_cross_entropy_weight_ignore_index_and_label_smoothing(reduction, options):
+    """torch's keywords (were a TypeError); the -100 labels are ignored by default."""
+    w = rand(5, seed=3, low=0.2, high=2.0)
+    kw = {k: w if v == "w" else v for k, v in options.items()}
+    labels = np.array([0, 4, -100, 2]) if "ignore_index" not in kw else \
+        np.array([0, kw["ignore_index"], 2, kw["ignore_index"]])
+    want = _np_cross_entropy(LOGITS, labels, reduction, kw.get("weight"),
+                             kw.get("ignore_index", -100), kw.get("label_smoothing", 0.0))
+    np.testing.assert_allclose(F.cross_entropy(LOGITS, labels, reduction=reduction, **kw),
+                               want, rtol=1e-12)
+    np.testing.assert_allclose(tg.nn.CrossEntropyLoss(reduction=reduction, **kw)(
+        tg.tensor(LOGITS), tg.tensor(labels)).detach().numpy(), want, rtol=1e-12)
+    check_grads(lambda x: F.cross_entropy(x, labels, reduction=reduction, **kw), [LOGITS],
+                order=2)
+    if torch is not None:
+        xt = torch.tensor(LOGITS, requires_grad=True)
+        tkw = {k: torch.tensor(v) if k == "weight" else v for k, v in kw.items()}
+        torch.nn.functional.cross_entropy(xt, torch.tensor(labels), reduction=reduction,
+                                          **tkw).sum().backward()
+        x = tg.tensor(LOGITS, requires_grad=True)
+        F.cross_entropy(x, tg.tensor(labels), reduction=reduction, **kw).sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-10, atol=1e-14)
+
+
+def test_cross_entropy_labels_out_of_range_raise_as_torch():
+    """Labels in a Tensor (a recorded input) were not checked: 4 of 4 classes, or -1, gave a
+    loss; a concrete array's were."""
+    x = tg.tensor(LOGITS[:, :4], requires_grad=True)
+    for labels in [np.array([0, 1, 4, 0]), np.array([0, 1, -1, 0])]:
+        for lab in (labels, tg.tensor(labels)):
+            with pytest.raises(IndexError, match="Target -?[0-9]+ is out of bounds"):
+                F.cross_entropy(x, lab)
+    assert F.cross_entropy(x, tg.tensor(np.array([0, 1, 4, 0])), ignore_index=4).item() > 0
+    with pytest.raises(ValueError, match="label_smoothing must be between"):
+        F.cross_entropy(LOGITS, LABELS, label_smoothing=1.5)
 
 
 def test_cross_entropy_gradient_is_softmax_minus_onehot():

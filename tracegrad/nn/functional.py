@@ -55,11 +55,34 @@ def softmax(x: Any, axis: int = -1, dim: int | None = None) -> Any:
     return E.div(e, tnp.sum.raw(e, axis, keepdims=True))
 
 
+def cross_entropy(logits: Any, labels: Any, reduction: str = "mean", axis: int = -1,
+                  dim: int | None = None, weight: Any = None, ignore_index: int = -100,
+                  label_smoothing: float = 0.0) -> Any:
+    """Softmax cross-entropy of `logits` [..., C] against integer class `labels` [...], as
+    torch's: `weight` [C] weighs each class (a mean divides by the weights of the labels),
+    a label equal to `ignore_index` counts for nothing (nor in the mean), and
+    `label_smoothing` e mixes the one-hot target with e / C of every class. A label out of
+    range raises IndexError where it is known (arrays, Tensors); traced, it adds nothing."""
+    if is_tensor(labels) or is_tensor(logits) and isinstance(labels, (np.ndarray, list)):
+        # (recorded beside a Tensor, the labels are an input, a traced value: checked here)
+        ndim = len(np.shape(logits))
+        n = np.shape(logits)[tnp._axis(_axis(axis, dim), ndim, what="cross_entropy")] \
+            if ndim else 0
+        _check_labels(np.asarray(labels._val() if is_tensor(labels) else labels), n,
+                      ignore_index)
+    return _cross_entropy(logits, labels, reduction, _axis(axis, dim), weight, ignore_index,
+                          float(label_smoothing))
+
+
+def _check_labels(labels: np.ndarray, n: int, ignore_index: int) -> None:
+    bad = labels[((labels < 0) | (labels >= n)) & (labels != ignore_index)]
+    if bad.size:
+        raise IndexError(f"Target {bad.flat[0]} is out of bounds.")   # PyTorch's wording
+
+
 @op("NllLoss")
-def cross_entropy(logits: Any, labels: Any, reduction: str = "mean",
-                  axis: int = -1, dim: int | None = None) -> Any:
-    """Softmax cross-entropy of `logits` [..., C] against integer class `labels` [...]."""
-    axis = _axis(axis, dim)
+def _cross_entropy(logits: Any, labels: Any, reduction: str, axis: int, weight: Any,
+                   ignore_index: int, smoothing: float) -> Any:
     logits = E.to_float(tnp._arr(logits))
     labels = tnp._arr(labels)
     ndim = len(E.shape_of(logits))
@@ -69,19 +92,49 @@ def cross_entropy(logits: Any, labels: Any, reduction: str = "mean",
     if not np.issubdtype(E.dtype_of(labels), np.integer):
         raise TypeError(f"cross_entropy: labels must be integer class indices, got "
                         f"{E.dtype_of(labels)}")
-    shape = E.shape_of(logits)
-    if tuple(E.shape_of(labels)) != tuple(shape[:-1]):
+    shape = tuple(E.shape_of(logits))
+    if tuple(E.shape_of(labels)) != shape[:-1]:
         raise ValueError(f"cross_entropy: labels of shape {tuple(E.shape_of(labels))} do not "
-                         f"match logits of shape {tuple(shape)} (expected {tuple(shape[:-1])})")
+                         f"match logits of shape {shape} (expected {shape[:-1]})")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if not 0.0 <= smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {smoothing}")
     if isinstance(labels, (np.ndarray, np.generic)):   # traced labels cannot be checked here
-        bad = np.asarray(labels)[(labels < 0) | (labels >= shape[-1])]
-        if bad.size:
-            raise IndexError(f"Target {bad.flat[0]} is out of bounds.")   # PyTorch's wording
+        _check_labels(np.asarray(labels), shape[-1], ignore_index)
+    dtype = E.dtype_of(logits)
+    if weight is not None:
+        weight = E.convert(tnp._arr(weight), dtype)
+        if tuple(E.shape_of(weight)) != shape[-1:]:
+            raise ValueError(f"cross_entropy: weight of shape {tuple(E.shape_of(weight))} "
+                             f"does not match {shape[-1]} classes")
     logp = log_softmax.raw(logits, -1)
+    last = (len(shape) - 1,)
+    # (a label out of range, traced, matches no class: it adds nothing)
     classes = E.iota(shape, len(shape) - 1, E.dtype_of(labels))
-    onehot = E.equal(classes, E.reshape(labels, tuple(shape[:-1]) + (1,)))
-    picked = E.reduce_sum(E.where(onehot, logp, 0.0), (len(shape) - 1,))
-    return _reduce(E.neg(picked), reduction)
+    onehot = E.equal(classes, E.reshape(labels, shape[:-1] + (1,)))
+    if 0 <= ignore_index < shape[-1]:      # a class of its own: its labels match it
+        onehot = E.logical_and(onehot, E.not_equal(classes, ignore_index))
+    if weight is not None:
+        onehot_w = E.where(onehot, E.broadcast_to(weight, shape), 0.0)
+        loss = E.neg(E.reduce_sum(E.mul(onehot_w, logp), last))
+        counts = E.reduce_sum(onehot_w, last)       # each row's weight (0: ignored)
+    else:
+        loss = E.neg(E.reduce_sum(E.where(onehot, logp, 0.0), last))
+        counts = None
+    if smoothing:
+        kept = E.not_equal(labels, ignore_index)
+        every = logp if weight is None else E.mul(logp, weight)
+        smooth = E.where(kept, E.neg(E.reduce_sum(every, last)), 0.0)
+        loss = E.add(E.mul(1.0 - smoothing, loss), E.mul(smoothing / shape[-1], smooth))
+    if reduction == "none":
+        return loss
+    total = E.reduce_sum(loss, tuple(range(len(shape) - 1)))
+    if reduction == "sum":
+        return total
+    if counts is None:      # the mean over the labels not ignored (torch's: NaN if none is)
+        counts = E.convert(E.not_equal(labels, ignore_index), dtype)
+    return E.div(total, E.reduce_sum(counts, tuple(range(len(shape) - 1))))
 
 
 @op("BinaryCrossEntropyWithLogits")

@@ -195,14 +195,22 @@ class ModuleList(Module):
 
 
 class CrossEntropyLoss(Module):
+    def __init__(self, weight: Any = None, ignore_index: int = -100, reduction: str = "mean",
+                 label_smoothing: float = 0.0):
+        super().__init__()
+        self.weight, self.ignore_index = weight, ignore_index
+        self.reduction, self.label_smoothing = reduction, label_smoothing
+
+    def forward(self, logits: Any, labels: Any) -> Any:
+        return F.cross_entropy(logits, labels, reduction=self.reduction, weight=self.weight,
+                               ignore_index=self.ignore_index,
+                               label_smoothing=self.label_smoothing)
+
+
+class MSELoss(Module):
     def __init__(self, reduction: str = "mean"):
         super().__init__()
         self.reduction = reduction
 
-    def forward(self, logits: Any, labels: Any) -> Any:
-        return F.cross_entropy(logits, labels, reduction=self.reduction)
-
-
-class MSELoss(CrossEntropyLoss):
     def forward(self, x: Any, y: Any) -> Any:
         return F.mse_loss(x, y, reduction=self.reduction)
