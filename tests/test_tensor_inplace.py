@@ -1,19 +1,46 @@
-"""In-place ops on views: tracegrad's views are values, so writing through one must raise
-rather than silently leave the base unchanged (PyTorch would write through)."""
+"""In-place ops on views: tracegrad's views are values. One made by basic indexing of a
+tensor is written through (`x[0] += 1`, `x[0].zero_()`: `x[0] = new`, as PyTorch's write
+its storage); any other must raise rather than silently leave the base unchanged."""
+import numpy as np
 import pytest
 
 import tracegrad as tg
 
 
 @pytest.mark.parametrize("make_view", [
-    lambda x: x[0], lambda x: x.view(6), lambda x: x.reshape(3, 2), lambda x: x.t(),
-    lambda x: x.T, lambda x: x.unsqueeze(0), lambda x: x.expand(2, 2, 3),
+    lambda x: x.view(6), lambda x: x.reshape(3, 2), lambda x: x.t(), lambda x: x.T,
+    lambda x: x.unsqueeze(0), lambda x: x.expand(2, 2, 3), lambda x: x[0][1:],
+    lambda x: x.t()[0],
 ])
 def test_inplace_on_a_view_raises(make_view):
     x = tg.zeros(2, 3)
     with pytest.raises(RuntimeError, match="in-place operation on a view"):
         make_view(x).add_(1.0)
     assert x.sum().item() == 0.0
+
+
+@pytest.mark.parametrize("name", ["tracegrad", "torch"])
+def test_inplace_ops_on_an_indexed_view_write_through_to_the_base(name):
+    """`y[0] += 1` (docs/api.md's way to write through the base) raised: Python runs += on
+    the view y[0] before assigning it back. Now a view by basic indexing writes its base,
+    as torch's do: values, the view itself, gradients and the version counter."""
+    lib = _lib(name)
+    x = lib.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    y = x * 1.0
+    y[0] += 1.0
+    y[:, 1] *= 2.0
+    v = y[1, 1:]
+    v.mul_(3.0)
+    y[0, ::2].zero_()
+    assert y.tolist() == [[0.0, 4.0, 0.0], [3.0, 24.0, 15.0]]
+    assert v.tolist() == [24.0, 15.0]
+    (y * lib.tensor(np.arange(1.0, 7.0).reshape(2, 3))).sum().backward()
+    assert x.grad.tolist() == [[0.0, 4.0, 0.0], [4.0, 30.0, 18.0]]
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        x[0].add_(1.0)
+    b = lib.zeros(3)
+    b[1] += 5.0
+    assert b.tolist() == [0.0, 5.0, 0.0]
 
 
 def test_base_assignment_and_clones_still_work():

@@ -529,12 +529,16 @@ _getitem = _marks_view(_getitem, "index")
 # ---- in-place ------------------------------------------------------------------------------------
 
 def _check_inplace(self: Tensor) -> None:
-    if self._get("view"):
-        raise RuntimeError(
-            "in-place operation on a view (the result of view/reshape/transpose/indexing/"
-            "expand): tracegrad's views do not share storage with their base tensor, so the "
-            "change would not reach it. Assign through the base instead (base[index] = value) "
-            "or .clone() the view first.")
+    of = self._get("view")
+    if of:
+        if _written_through(of) is None:
+            raise RuntimeError(
+                "in-place operation on a view (the result of view/reshape/transpose/"
+                "expand, or of indexing a view): tracegrad's views do not share storage "
+                "with their base tensor, so the change would not reach it. Assign through "
+                "the base instead (base[index] = value) or .clone() the view first.")
+        _check_inplace(of[0])
+        return
     if mode.grad and self._fn is None and self._rg:
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
                            "operation.")
@@ -549,10 +553,19 @@ def assign(self: Tensor, new: Tensor, unchanged: Callable | None = None,
            row: int | None = None) -> Tensor:
     """Make `self` hold `new`'s value (and, if recorded with grad, its history); bump the
     version counter. Writes through to the tensors sharing its storage, and remakes its
-    views (but those `unchanged`: see refresh_views)."""
+    views (but those `unchanged`: see refresh_views). A view `base[index]` (basic indexing)
+    is written through: `base[index] = new`, which remakes it (see _written_through)."""
     if new.shape != self.shape:
         raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast "
                            f"shape {list(new.shape)}")
+    x = self._x
+    if x is not None and "view" in x:
+        through = _written_through(x["view"])
+        if through is not None:
+            _setitem(through[0], through[1], new)
+            if self._get("view") is not None and self._get("view")[0] is through[0]:
+                return self     # (remade from the base by its assignment)
+            raise RuntimeError("an in-place operation on a view could not reach its base")
     # the op's node (before a cast to self's dtype): what it saved of self is the value replaced
     own = new._fn if new._fn is not None and new._fn.saved else None
     if new.dtype != self.dtype:
@@ -593,6 +606,18 @@ def assign(self: Tensor, new: Tensor, unchanged: Callable | None = None,
         if "views" in self._x:
             refresh_views(self, unchanged, row)
     return self
+
+
+def _written_through(of: tuple) -> tuple[Tensor, Any] | None:
+    """(base, index) of a view `base[index]` made by basic indexing (ints, slices, None,
+    `...`) of a tensor that is no view itself: an in-place op on it writes `base[index]`, as
+    torch's `x[0] += 1` or `x[0].zero_()` do (tracegrad's views are values: the base, once
+    assigned, remakes the view). None for the other views, which refuse in-place ops."""
+    base, steps = of[0], of[1]
+    if len(steps) != 1 or steps[0][0] is not _getitem_raw or steps[0][2] or \
+            not _basic(steps[0][1][0]) or base._get("view") is not None:
+        return None
+    return base, steps[0][1][0]
 
 
 def _snapshot(var: Any, value: Any, node: Any) -> Tensor:
