@@ -88,6 +88,20 @@ def test_load_state_dict_round_trip_and_errors():
         b.load_state_dict(bad)
 
 
+def test_load_state_dict_copies_and_skips_absent_parameters():
+    """Loading kept the caller's arrays (changing one later changed the model), and a
+    Linear(bias=False) could not load its own state_dict (its None bias counted as
+    missing)."""
+    lin = tg.nn.Linear(3, 2, bias=False)
+    assert list(lin.state_dict()) == ["weight"]
+    w = np.ones((2, 3), np.float32)
+    assert lin.load_state_dict({"weight": w}).missing_keys == []
+    w[:] = 7.0
+    assert as_numpy(lin.weight).tolist() == [[1.0] * 3] * 2
+    with pytest.raises(RuntimeError, match='Unexpected key.*"bias"'):
+        lin.load_state_dict({"weight": w, "bias": np.zeros(2, np.float32)})
+
+
 def test_astype_double():
     m = mlp().double()
     assert all(p.dtype == np.float64 for p in m.parameters())

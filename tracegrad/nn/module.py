@@ -218,7 +218,7 @@ class Module:
                 errors.append("Unexpected key(s) in state_dict: "
                               + ", ".join(f'"{k}"' for k in unexpected) + ".")
         for k, (store, name) in slots.items():
-            if k not in state or store[name] is None:
+            if k not in state:
                 continue
             new, cur = P.to_numpy(state[k]), store[name]
             if tuple(new.shape) != tuple(cur.shape):
@@ -226,7 +226,7 @@ class Module:
                               f"{tuple(new.shape)} from checkpoint, the shape in current "
                               f"model is {tuple(cur.shape)}.")
                 continue
-            P.assign(cur, new.astype(cur.dtype, copy=False))
+            P.assign(cur, np.array(new, cur.dtype))     # (a copy: the caller's array may change)
         if errors:
             raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:\n\t"
                                + "\n\t".join(errors))
@@ -236,8 +236,9 @@ class Module:
         slots = {}
         for p, m in self.named_modules():
             for store in (m._parameters, m._buffers):
-                for k in store:
-                    slots[_join(p, k)] = (store, k)
+                for k, v in store.items():
+                    if v is not None:   # (as state_dict: Linear(bias=False)'s bias is None)
+                        slots[_join(p, k)] = (store, k)
         return slots
 
     def astype(self, dtype: Any) -> Module:
