@@ -519,3 +519,28 @@ def test_tensor_assignment_by_a_boolean_mask_tensor_still_fills():
     t[tg.tensor(np.array([True, False, True, False]))] = 1.0
     assert t.tolist() == [1.0, 0.0, 1.0, 0.0]
 
+
+
+@pytest.mark.parametrize("mask_of", ["tensor", "array"])
+def test_tensor_assignment_by_a_mask_takes_values_and_masks_of_leading_axes(mask_of):
+    """torch's t[mask] = v with one value per masked entry (a ShapeError before), and a mask
+    of the leading axes, with a scalar (it broadcast against the trailing axes) or values;
+    a numpy bool array as a bool tensor. Gradients against torch where installed."""
+    def run(lib, mask_fn):
+        x = lib.tensor(np.arange(-3.0, 3.0).reshape(2, 3), requires_grad=True)
+        y = x * 1.0
+        y[mask_fn(np.array([[False, True, True], [True, False, False]]))] = \
+            x[mask_fn(np.array([[True, False, True], [False, False, True]]))] * 5.0
+        y[mask_fn(np.array([False, True]))] = 0.5
+        z = y * 1.0
+        z[mask_fn(np.array([True, False]))] = lib.tensor(np.array([[1.0, 2.0, 3.0]])) * x[1]
+        (y * y + z).sum().backward()
+        return y.detach().numpy(), z.detach().numpy(), x.grad.numpy()
+    wrap = (lambda m: tg.tensor(m)) if mask_of == "tensor" else (lambda m: m)
+    y, z, g = run(tg, wrap)
+    np.testing.assert_array_equal(y, [[-3.0, -15.0, -5.0], [0.5, 0.5, 0.5]])
+    np.testing.assert_array_equal(z, [[0.0, 2.0, 6.0], [0.5, 0.5, 0.5]])
+    np.testing.assert_array_equal(g, [[-156.0, 0.0, -50.0], [1.0, 2.0, 3.0]])
+    if torch is not None:
+        for got, want in zip((y, z, g), run(torch, lambda m: torch.tensor(m)), strict=True):
+            np.testing.assert_array_equal(got, want)

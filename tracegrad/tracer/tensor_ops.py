@@ -734,8 +734,19 @@ def _check_index_arrays(index: Any, shape: tuple, what: str = "slice assignment"
 def _setitem(self: Tensor, index: Any, value: Any) -> None:
     _check_inplace(self)
     unchanged = row = None
-    if isinstance(index, Tensor) and index.dtype == np.bool_:
-        new = record(_masked_set, "MaskedFill", (self, index, value), {})
+    if isinstance(index, (Tensor, np.ndarray)) and index.dtype == np.bool_:
+        m = index._val() if isinstance(index, Tensor) else index
+        if m.shape != self.shape[:m.ndim]:
+            raise IndexError(f"The shape of the mask {list(m.shape)} does not match the shape "
+                             f"of the indexed tensor {list(self.shape)}")
+        if (value.ndim if isinstance(value, Tensor) else np.ndim(value)) == 0:
+            # a scalar: one select, its mask an input (the graph the same for every mask);
+            # a mask of the leading axes covers the rest whole
+            if m.ndim < self.ndim:
+                index = m.reshape(m.shape + (1,) * (self.ndim - m.ndim))
+            new = record(_masked_set, "MaskedFill", (self, index, value), {})
+        else:   # values, one per masked entry (torch's x[mask] = v): by the entries' indices
+            new = record(_scatter, "IndexPut", (self, value, np.nonzero(m)), {})
     else:
         if type(index) is not int:
             _check_index_arrays(index, self.shape)
