@@ -397,3 +397,20 @@ def test_a_tensor_on_either_side_of_a_traced_value_is_a_constant_of_the_trace(tr
                          "a < W": np.where(x < w, 2 * x, 0)}}[transform][name]
         np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=name)
     assert W.grad is None
+
+
+def test_torch_keyword_spellings_of_cat_stack_and_clamp():
+    """torch's `dim=` for cat/stack and `min=`/`max=` for clamp were TypeErrors."""
+    a = np.arange(6.0).reshape(2, 3) - 2
+    x = tg.tensor(a, requires_grad=True)
+    assert tg.cat([x, x], dim=1).shape == (2, 6) and tg.stack([x, x], dim=-1).shape == (2, 3, 2)
+    y = x.clamp(min=-1.0) + x.clamp(max=1.0) + tg.clamp(x, min=0.0, max=2.0)
+    np.testing.assert_array_equal(y.detach().numpy(),
+                                  np.maximum(a, -1) + np.minimum(a, 1) + np.clip(a, 0, 2))
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), (a >= -1) * 1.0 + (a <= 1) + (a >= 0) * (a <= 2))
+    z = x.detach().clone()
+    z.clamp_(min=0.0)
+    assert z.tolist() == np.maximum(a, 0).tolist()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'low'"):
+        x.clamp(low=0.0)

@@ -161,8 +161,14 @@ def where(cond: Any, x: Any, y: Any) -> Any:
 
 
 @op("Clamp")
-def clip(x: Any, a_min: Any = None, a_max: Any = None) -> Any:
-    """Clamp to [a_min, a_max]; the gradient passes where a_min <= x <= a_max (as PyTorch)."""
+def clip(x: Any, a_min: Any = None, a_max: Any = None, **bounds: Any) -> Any:
+    """Clamp to [a_min, a_max]; the gradient passes where a_min <= x <= a_max (as PyTorch).
+    The bounds may be given as torch's `min=` and `max=`."""
+    for key in bounds:
+        if key not in ("min", "max"):
+            raise TypeError(f"clip() got an unexpected keyword argument {key!r}")
+    a_min = bounds.get("min", a_min)
+    a_max = bounds.get("max", a_max)
     x = _arr(x)
     if a_min is not None:
         x = E.where(E.less(x, a_min), E.convert(a_min, E.dtype_of(x)) if not isinstance(
@@ -353,7 +359,8 @@ def squeeze(x: Any, axis: Any = None) -> Any:
 
 
 @op("Cat")
-def concatenate(xs: Sequence[Any], axis: int = 0) -> Any:
+def concatenate(xs: Sequence[Any], axis: int = 0, dim: int | None = None) -> Any:
+    axis = axis if dim is None else dim     # (torch's name)
     xs = [_arr(x) for x in xs]
     if not xs:
         raise ShapeError("concatenate: needs at least one array")
@@ -367,7 +374,8 @@ cat = concatenate
 
 
 @op("Stack")
-def stack(xs: Sequence[Any], axis: int = 0) -> Any:
+def stack(xs: Sequence[Any], axis: int = 0, dim: int | None = None) -> Any:
+    axis = axis if dim is None else dim     # (torch's name)
     xs = [_arr(x) for x in xs]
     if not xs:
         raise ShapeError("stack: needs at least one array")
