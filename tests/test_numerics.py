@@ -126,3 +126,18 @@ def test_log1p_and_expm1_at_tiny_and_huge_inputs(mode, dtype):
     out = tg.jit(tg.expm1)(np.array([-1e4, -50.0, 1e4], dtype))
     np.testing.assert_allclose(out[:2], -1.0)
     assert out[2] == np.inf   # as numpy: overflow is inf, not NaN
+
+
+def test_float_floor_divide_floors():
+    """tg.floor_divide and // of floats divided without flooring (7.0 // 2.0 gave 3.5)."""
+    vals = [7.0, -7.0, 5.5, -0.5, 3.0, -3.0, 1.0, 0.0, -0.0, 2.0, np.inf, -np.inf, np.nan]
+    a = np.array([x for x in vals for _ in vals])
+    b = np.array([y for _ in vals for y in vals])
+    with np.errstate(all="ignore"):
+        want = np.floor_divide(a, b)
+    for got in (tg.floor_divide(a, b), tg.jit(lambda a, b: a // b)(a, b),
+                (tg.tensor(a) // tg.tensor(b)).numpy(),
+                tg.jit(lambda a, b: a // b)(a.astype(np.float32), b.astype(np.float32))):
+        np.testing.assert_array_equal(got, want.astype(got.dtype))
+    np.testing.assert_array_equal(tg.jit(lambda x: 7 // x)(np.array([2.0, -2.0])), [3.0, -4.0])
+    assert tg.grad(lambda x: tg.sum(x // 2.0 + x))(np.array([1.5, -3.0])).tolist() == [1.0, 1.0]

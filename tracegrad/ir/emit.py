@@ -189,7 +189,26 @@ greater = _binary("gt")
 greater_equal = _binary("ge")
 equal = _binary("eq")
 not_equal = _binary("ne")
-floor_divide = _binary("div")
+_div = _binary("div")
+
+
+def floor_divide(x: Any, y: Any) -> Any:
+    """numpy's `x // y`: `div` of integers floors; of floats, floor(x / y), the floor taken
+    as the quotient truncated (through int64) less one where that exceeds it (a quotient of
+    2**52 or more is integral already), with numpy's infinities: inf // 2 is NaN, -1 // inf
+    is -1. (numpy corrects by the remainder, so where x / y rounds up to an integer it gives
+    one less: 1.0 // 0.1 is 9.0 there, 10.0 here.)"""
+    q = _div(x, y)
+    d = dtype_of(q)
+    if d.kind != "f":
+        return q
+    t = convert(convert(q, np.int64), d)
+    out = where(less(abs(q), 2.0 ** 52), sub(t, convert(less(q, t), d)), q)
+    # a finite x (not 0) by an infinite y: 0 of one sign, -1 of two; an infinite x: NaN
+    signs = where(not_equal(less(x, 0.0), less(y, 0.0)), -1.0, 0.0)
+    finite_x = logical_and(not_equal(x, 0.0), less(abs(x), np.inf))
+    out = where(logical_and(equal(abs(y), np.inf), finite_x), signs, out)
+    return where(logical_and(equal(abs(x), np.inf), not_equal(y, 0.0)), np.nan, out)
 
 
 def logical_and(x: Any, y: Any) -> Any:
