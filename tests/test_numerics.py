@@ -141,3 +141,18 @@ def test_float_floor_divide_floors():
         np.testing.assert_array_equal(got, want.astype(got.dtype))
     np.testing.assert_array_equal(tg.jit(lambda x: 7 // x)(np.array([2.0, -2.0])), [3.0, -4.0])
     assert tg.grad(lambda x: tg.sum(x // 2.0 + x))(np.array([1.5, -3.0])).tolist() == [1.0, 1.0]
+
+
+def test_dot_of_more_than_two_axes_is_numpys():
+    """tg.dot of an operand with more than 2 axes was matmul (batched): (2,3)·(5,3,4) gave
+    (5,2,4); numpy's dot pairs every row with every matrix: (2,5,4)."""
+    from conftest import check_grads
+    rng = np.random.default_rng(0)
+    for sa, sb in [((2, 3), (5, 3, 4)), ((2, 4, 3), (3, 2)), ((2, 2, 3), (4, 3, 5)),
+                   ((3,), (2, 3, 4)), ((2, 3, 4), (4,)), ((3, 4), (4, 5))]:
+        a, b = rng.standard_normal(sa), rng.standard_normal(sb)
+        np.testing.assert_allclose(tg.dot(a, b), np.dot(a, b), rtol=1e-12)
+        np.testing.assert_allclose(tg.jit(tg.dot)(a, b), np.dot(a, b), rtol=1e-12)
+        check_grads(lambda a, b: tg.sin(tg.dot(a, b)), [a, b])
+    with pytest.raises(ValueError, match=r"dot: shapes \(2, 3\) and \(4, 2, 5\) not aligned"):
+        tg.dot(np.ones((2, 3)), np.ones((4, 2, 5)))

@@ -437,9 +437,24 @@ def matmul(a: Any, b: Any) -> Any:
 
 @op("Dot")
 def dot(a: Any, b: Any) -> Any:
-    if len(E.shape_of(a)) == 0 or len(E.shape_of(b)) == 0:
+    """numpy's dot: a product with a scalar, else the sum over a's last axis and b's second
+    to last (its only one if 1-d). Up to 2-d, and a 1-d operand, that is matmul; two of
+    which one has more axes take every pairing, not matmul's batches (shape
+    a.shape[:-1] + b.shape[:-2] + b.shape[-1:])."""
+    a, b = _arr(a), _arr(b)
+    sa, sb = tuple(E.shape_of(a)), tuple(E.shape_of(b))
+    if not sa or not sb:
         return E.mul(a, b)
-    return matmul.raw(a, b)
+    if len(sa) <= 2 and len(sb) <= 2 or len(sa) == 1 or len(sb) == 1:
+        return matmul.raw(a, b)
+    if sa[-1] != sb[-2]:
+        raise ShapeError(f"dot: shapes {sa} and {sb} not aligned: {sa[-1]} (dim {len(sa) - 1}) "
+                         f"!= {sb[-2]} (dim {len(sb) - 2})")
+    rest = sb[:-2] + sb[-1:]
+    bt = E.transpose(b, [len(sb) - 2] + [i for i in range(len(sb)) if i != len(sb) - 2])
+    out = matmul.raw(E.reshape(a, (math.prod(sa[:-1]), sa[-1])),
+                     E.reshape(bt, (sb[-2], math.prod(rest))))
+    return E.reshape(out, sa[:-1] + rest)
 
 
 # ---- creation (inside a trace; the Tensor module wraps these outside) ---------------------------
