@@ -544,3 +544,11 @@ def test_tensor_assignment_by_a_mask_takes_values_and_masks_of_leading_axes(mask
     if torch is not None:
         for got, want in zip((y, z, g), run(torch, lambda m: torch.tensor(m)), strict=True):
             np.testing.assert_array_equal(got, want)
+
+
+def test_a_traced_float_index_array_is_refused_by_updates_as_by_reading():
+    """x.at[i].set(v) with a traced float i wrote row int(i) silently (JAX: TypeError)."""
+    i = np.array([1.7], np.float32)
+    for f in (lambda x, i: x.at[i].set(5.0), lambda x, i: x[i], lambda x, i: x.at[i, 0].add(1.0)):
+        with pytest.raises(IndexError, match="index arrays must be integers, got float32"):
+            tg.jit(f)(X, i)

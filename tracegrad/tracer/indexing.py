@@ -43,11 +43,11 @@ def _index_array(idx: Any, n: int, axis: int, what: str) -> Any:
     if E.dtype_of(idx) == np.bool_:
         raise IndexError(f"{what}: boolean mask indexing has a data-dependent shape; use "
                          "tg.where(mask, x, 0) instead" + _at_user())
+    if not np.issubdtype(E.dtype_of(idx), np.integer):
+        raise IndexError(f"{what}: index arrays must be integers, got {E.dtype_of(idx)}"
+                         + _at_user())
     if isinstance(idx, Traced):
         return idx
-    if not np.issubdtype(idx.dtype, np.integer):
-        raise IndexError(f"{what}: index arrays must be integers, got {idx.dtype}"
-                         + _at_user())
     bad = idx[(idx < -n) | (idx >= n)]
     if bad.size:
         raise IndexError(f"{what}: index {int(bad[0])} is out of bounds for axis {axis} "
