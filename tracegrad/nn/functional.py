@@ -96,8 +96,6 @@ def _cross_entropy(logits: Any, labels: Any, reduction: str, axis: int, weight: 
     if tuple(E.shape_of(labels)) != shape[:-1]:
         raise ValueError(f"cross_entropy: labels of shape {tuple(E.shape_of(labels))} do not "
                          f"match logits of shape {shape} (expected {shape[:-1]})")
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if not 0.0 <= smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {smoothing}")
     if isinstance(labels, (np.ndarray, np.generic)):   # traced labels cannot be checked here
@@ -127,14 +125,11 @@ def _cross_entropy(logits: Any, labels: Any, reduction: str, axis: int, weight: 
         every = logp if weight is None else E.mul(logp, weight)
         smooth = E.where(kept, E.neg(E.reduce_sum(every, last)), 0.0)
         loss = E.add(E.mul(1.0 - smoothing, loss), E.mul(smoothing / shape[-1], smooth))
-    if reduction == "none":
-        return loss
-    total = E.reduce_sum(loss, tuple(range(len(shape) - 1)))
-    if reduction == "sum":
-        return total
+    if reduction != "mean":
+        return _reduce(loss, reduction)
     if counts is None:      # the mean over the labels not ignored (torch's: NaN if none is)
         counts = E.convert(E.not_equal(labels, ignore_index), dtype)
-    return E.div(total, E.reduce_sum(counts, tuple(range(len(shape) - 1))))
+    return E.div(tnp.sum.raw(loss), tnp.sum.raw(counts))
 
 
 @op("BinaryCrossEntropyWithLogits")

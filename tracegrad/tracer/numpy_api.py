@@ -9,9 +9,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..ir import emit as E
-from ..ir.builder import Traced, user_source
+from ..ir.builder import Traced
 from ..ir.ops import AxisError, ShapeError, broadcast_shapes
 from .dispatch import op
+from .indexing import _at_user
 from .pytree import NODE_TYPES, tree_map
 
 float32 = np.dtype(np.float32)
@@ -59,10 +60,8 @@ def _axis(a: int, n: int, ndim: int | None = None, what: str = "") -> int:
     """Axis `a` of `n` axes, from 0 (AxisError if out of range; `ndim`: the dimension to
     name, when it is not `n`: a 0-d array's reductions take axis 0)."""
     if not -n <= a < n:
-        src = user_source()
         raise AxisError(f"{what + ': ' if what else ''}axis {a} is out of bounds for an "
-                        f"array of dimension {n if ndim is None else ndim}"
-                        + (f" (at {src})" if src else ""))
+                        f"array of dimension {n if ndim is None else ndim}" + _at_user())
     return a % n
 
 

@@ -513,11 +513,10 @@ def _ints_first(index: Any, ndim: int) -> tuple[tuple, tuple] | None:
     one after the other (the ints as selects: `t[1, :, idx]` is `t[1][:, idx]`, of shape
     (n, len(idx)); numpy, taking the int for an index array, lays idx's axis first). None
     for any other index."""
-    if type(index) is not tuple:
+    if type(index) is not tuple or not any(map(_is_array_index, index)) or \
+            not any(map(_is_int, index)):
         return None
     items = expand_index(index, ndim)
-    if not any(map(_is_int, items)) or not any(map(_is_array_index, items)):
-        return None
     return (tuple(i if _is_int(i) else slice(None) for i in items if i is not None),
             tuple(i for i in items if not _is_int(i)))
 
@@ -562,10 +561,8 @@ def assign(self: Tensor, new: Tensor, unchanged: Callable | None = None,
     if x is not None and "view" in x:
         through = _written_through(x["view"])
         if through is not None:
-            _setitem(through[0], through[1], new)
-            if self._get("view") is not None and self._get("view")[0] is through[0]:
-                return self     # (remade from the base by its assignment)
-            raise RuntimeError("an in-place operation on a view could not reach its base")
+            _setitem(through[0], through[1], new)   # (the base remakes self, its view)
+            return self
     # the op's node (before a cast to self's dtype): what it saved of self is the value replaced
     own = new._fn if new._fn is not None and new._fn.saved else None
     if new.dtype != self.dtype:
