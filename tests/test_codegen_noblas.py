@@ -41,7 +41,8 @@ CHILD = textwrap.dedent("""
 
 
 def test_large_matmuls_without_blas_match_the_interpreter():
-    env = dict(os.environ, TRACEGRAD_DISK_CACHE="0", TRACEGRAD_BLAS="none")
+    env = dict(os.environ, TRACEGRAD_DISK_CACHE="0", TRACEGRAD_BLAS="none",
+               TRACEGRAD_GEMM="blas")     # (not the packed GEMM an AVX-512 CPU would run)
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
                          env=env, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
@@ -64,7 +65,8 @@ BOTH = textwrap.dedent("""
 def test_numpy_and_scipy_openblas_agree(tmp_path):
     outs = {}
     for choice in ("", "scipy"):
-        env = dict(os.environ, TRACEGRAD_DISK_CACHE="0", TRACEGRAD_BLAS=choice)
+        env = dict(os.environ, TRACEGRAD_DISK_CACHE="0", TRACEGRAD_BLAS=choice,
+                   TRACEGRAD_GEMM="blas")
         path = str(tmp_path / f"out{choice}.npy")
         res = subprocess.run([sys.executable, "-c", BOTH, path], capture_output=True,
                              text=True, env=env, timeout=300)

@@ -371,6 +371,50 @@ def test_large_batched_matmul_split_across_tasks():
     check(g, [rand((3, 130, 130), F32), rand((3, 130, 130), F32)], rtol=1e-4, atol=1e-3)
 
 
+# (m, k, n) of products the packed GEMM runs (linalg.packs, TRACEGRAD_GEMM=packed): a last
+# block of rows shorter than MR, a last panel narrower than 2 registers (even than one),
+# B's rows in several blocks of KC_PANEL with a shorter last one, contractions not a
+# multiple of the squares a transposed B is packed in, a task split whose last share is
+# shorter (by columns: 45 into 23 + 22; by rows: 301 into 151 + 150)
+PACKED = [(128, 784, 512), (37, 200, 45), (13, 193, 70), (100, 400, 40), (64, 453, 96),
+          (301, 150, 64)]
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_packed_gemm_products(dtype, monkeypatch):
+    monkeypatch.setenv("TRACEGRAD_GEMM", "packed")
+    g, args = _products_graph(PACKED, dtype)
+    groups = [gr for gr in plan_graph(g).groups if gr.kind == "matmul"]
+    assert len(groups) == 4 * len(PACKED) and all(linalg.packs(gr, 512) for gr in groups)
+    check(g, args, *((1e-4, 1e-3) if dtype == F32 else (1e-10, 1e-9)))
+    _compiled_for_two_threads_equals_one(g, args)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_packed_gemm_batched_and_accumulated(dtype, monkeypatch):
+    """Batched products (a task per batch) and SGD updates w - c * (a.T @ b) stored by the
+    last block of B's rows (one block, several), against the interpreter; and the packed
+    GEMM against ?gemm."""
+    def f(x, y, w1, a1, b1, w2, a2, b2):
+        return [x @ y, E.transpose(x, (0, 2, 1)) @ y,
+                w1 - 0.01 * (E.transpose(a1, (1, 0)) @ b1),
+                (E.transpose(a2, (1, 0)) @ b2) * -2.0 + w2]
+    shapes = [(3, 130, 130), (3, 130, 130), (300, 100), (128, 300), (128, 100),
+              (70, 90), (400, 70), (400, 90)]
+    g = build(f, *[(s, dtype) for s in shapes])
+    args = [rand(s, dtype) for s in shapes]
+    monkeypatch.setenv("TRACEGRAD_GEMM", "packed")
+    groups = [gr for gr in plan_graph(g).groups if gr.kind == "matmul"]
+    assert sum(gr.acc is not None for gr in groups) == 2
+    assert all(linalg.packs(gr, 512) for gr in groups)
+    tol = (1e-4, 1e-3) if dtype == F32 else (1e-10, 1e-9)
+    packed = check(g, args, *tol)
+    _compiled_for_two_threads_equals_one(g, args)
+    monkeypatch.setenv("TRACEGRAD_GEMM", "blas")
+    for p, q in zip(packed, runtime.compile_graph(g)(args), strict=True):
+        np.testing.assert_allclose(p, q, *tol)
+
+
 def test_create_ops():
     def f(seed):
         return [E.iota((3, 4), 1, I32), E.iota((5, 2), 0, F32), E.full((2, 3), 1.5, F64),

@@ -212,13 +212,14 @@ def _openblas_thread_count():
 
 
 @pytest.mark.parametrize("callers", [1, N_THREADS])
-def test_split_gemms_leave_openblas_thread_count_as_they_found_it(callers):
+def test_split_gemms_leave_openblas_thread_count_as_they_found_it(callers, monkeypatch):
     # the kernels set numpy's OpenBLAS to 1 thread around their ?gemm calls; the setter acts
     # process-wide, so overlapping set/restore pairs (two pool tasks, two Python threads)
     # once left it at 1 for good and numpy's own matmuls ran on one core afterwards
     count = _openblas_thread_count()
     if count is None:
         pytest.skip("tracegrad does not call numpy's OpenBLAS here")
+    monkeypatch.setenv("TRACEGRAD_GEMM", "blas")    # (not the packed GEMM of AVX-512 CPUs)
     before, threads = count(), runtime.num_threads()
     runtime.set_num_threads(2)
     try:

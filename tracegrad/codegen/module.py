@@ -22,7 +22,8 @@ from .dtypes import I32, I64, PTR, VOID, i64
 from .kernel import KERNEL_TYPE, Kernel
 from .elements import row_major_strides, slice_range
 from .linalg import (SLOT_BLAS_THREADS, emit_copy, emit_matmul, emit_scatter, emit_scatter_add,
-                     emit_update, gemm_dims, gemm_slot, gemm_tasks, loop_tasks, uses_blas)
+                     emit_update, gemm_dims, gemm_slot, gemm_tasks, loop_tasks, packs,
+                     uses_blas)
 from .loops import emit_argreduce, emit_combine, emit_loop_group, reductions, split
 from .plan import Group, epilogues, group_signature, plan_graph, reads, stages
 from .scalar import OUTLINE_MATH, TRANSCENDENTAL
@@ -74,13 +75,14 @@ class Lowered:
 
 class _Lowering:
     def __init__(self, graph: Graph, use_blas: bool, threads: int, blas_int_bits: int = 32,
-                 parent: _Lowering | None = None, prefix: str = ""):
+                 parent: _Lowering | None = None, prefix: str = "", vector_bits: int = 256):
         """`parent`: the lowering of the graph whose scan has `graph` as its body (see
         `lower_scan`); the two share the module, the slot table and kernel bodies."""
         self.graph = graph
         self.use_blas = use_blas
         self.threads = threads
         self.blas_int_bits = blas_int_bits
+        self.vector_bits = vector_bits
         self.prefix = prefix
         self.plan = plan_graph(graph, body=parent is not None)
         self.math_sites = sum(e.op in TRANSCENDENTAL for e in self.plan.graph.eqns)
@@ -326,7 +328,8 @@ class _Lowering:
                     self.gemm_plan[gi] = gemm_tasks(g, share if gi in members else self.threads)
 
     def is_blas(self, group: Group) -> bool:
-        return self.use_blas and uses_blas(group)
+        """Whether `group` runs as ?gemm or as `_panels` (split alike)."""
+        return (self.use_blas or packs(group, self.vector_bits)) and uses_blas(group)
 
     def sequence(self, name: str, kernels: list[Kernel]) -> ir.Function:
         """`void name(i8** table, i64 task)`: task t of each kernel in turn."""
@@ -398,7 +401,8 @@ class _Lowering:
         p = e.params
         length, nc, nk = p["length"], p["n_consts"], p["n_carry"]
         child = _Lowering(p["body"], self.use_blas, self.threads,
-                          self.blas_int_bits, parent=self, prefix=name + "_")
+                          self.blas_int_bits, parent=self, prefix=name + "_",
+                          vector_bits=self.vector_bits)
         lay = child.layout_buffers()
         body_outs = [o[1] for o in lay.outputs]
         assert all(o[0] == "slot" for o in lay.outputs), lay.outputs   # (plan: loop_body)
@@ -475,16 +479,17 @@ class _Lowering:
         if group.kind == "matmul":
             keys = [a.id for a, _ in group.operands] + [group.eqns[0].out.id]
             keys += [a.id for a in group.acc[:2] if type(a) is Var] if group.acc else []
-            blas = self.use_blas and uses_blas(group)
+            own = packs(group, self.vector_bits)
+            blas = self.use_blas and uses_blas(group) and not own
             if blas:
                 keys += ["gemm", "blas_threads"]
                 self.slot["gemm"], self.dtype["gemm"] = gemm_slot(group), np.dtype(np.int8)
                 self.slot["blas_threads"] = SLOT_BLAS_THREADS
                 self.dtype["blas_threads"] = np.dtype(np.int8)
             gsplit = self.gemm_plan[self.group_index[id(group)]]
-            k = self.kernel(name, keys, group, ("blas", blas, gsplit, self.blas_int_bits))
+            k = self.kernel(name, keys, group, ("blas", blas, own, gsplit, self.blas_int_bits))
             if k.fresh:
-                emit_matmul(k, group, blas, gsplit, self.blas_int_bits)
+                emit_matmul(k, group, blas, gsplit, self.blas_int_bits, own)
             self.layout_blas = self.layout_blas or blas
             return [(k.finish(), gsplit[0])]
         if group.kind == "update":
@@ -545,9 +550,12 @@ def group_work(group: Group) -> int:
 
 
 def lower_graph(graph: Graph, use_blas: bool = True, threads: int = 1,
-                blas_int_bits: int = 32) -> Lowered:
+                blas_int_bits: int = 32, vector_bits: int = 256) -> Lowered:
     """Plan fusion groups and emit the LLVM module and buffer layout for `graph`.
     `use_blas`: large float matmuls call the ?gemm whose address is in slots 1-2, whose
     integer arguments are `blas_int_bits` wide.
-    `threads`: the pool size GEMMs are split for (results do not depend on it)."""
-    return _Lowering(graph, use_blas, threads, blas_int_bits).lower()
+    `threads`: the pool size GEMMs are split for (results do not depend on it).
+    `vector_bits`: the target's vector width; at 512, the float matmuls that would call
+    ?gemm run as our own packed GEMM (`linalg.packs`) instead."""
+    return _Lowering(graph, use_blas, threads, blas_int_bits,
+                     vector_bits=vector_bits).lower()

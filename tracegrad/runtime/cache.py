@@ -30,7 +30,7 @@ from .compiler import compile_object, optimised_module
 from .executable import Executable, check_layout
 from .jit import load_object
 from .pool import num_threads
-from .target import emit_assembly, target_id
+from .target import emit_assembly, gemm_vector_bits, target_id
 
 MAGIC = b"TGOBJ001"
 
@@ -88,7 +88,8 @@ def blas_for(graph: Graph) -> int:
 def cache_key(graph: Graph) -> str:
     # GEMMs are split for the pool's size (results do not depend on it, speed does)
     text = "|".join([structural_hash(graph), target_id(), __version__, backend_revision(),
-                     f"blas={blas_for(graph)}", f"threads={num_threads()}"])
+                     f"blas={blas_for(graph)}", f"threads={num_threads()}",
+                     f"gemm={gemm_vector_bits()}"])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -8,7 +8,7 @@ import time
 from ..codegen import Layout, lower_graph
 from ..ir import Graph
 from . import stats
-from .target import emit_assembly, emit_object, optimise
+from .target import emit_assembly, emit_object, gemm_vector_bits, optimise
 
 logger = logging.getLogger("tracegrad")
 
@@ -29,7 +29,8 @@ def log_compile(msg: str) -> None:
 
 def optimised_module(graph: Graph, blas: int, threads: int = 1):
     """`blas`: the width of BLAS integer arguments, 0 for no BLAS (`cache.blas_for`)."""
-    lowered = lower_graph(graph, use_blas=blas > 0, threads=threads, blas_int_bits=blas or 32)
+    lowered = lower_graph(graph, use_blas=blas > 0, threads=threads, blas_int_bits=blas or 32,
+                          vector_bits=gemm_vector_bits())
     return lowered, optimise(str(lowered.module))
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 
 import llvmlite.binding as llvm
 
@@ -30,6 +31,24 @@ def target_id() -> str:
     text = "|".join([llvm.get_process_triple(), llvm.get_host_cpu_name(), feats,
                      str(llvm.llvm_version_info)])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def gemm_vector_bits() -> int:
+    """The vector width the codegen's GEMMs are written for: 512 on a target with AVX-512,
+    where large float matmuls run as tracegrad's packed GEMM (`codegen.linalg.packs`), else
+    256 (they call ?gemm). TRACEGRAD_GEMM=blas asks for ?gemm, TRACEGRAD_GEMM=packed for the
+    packed GEMM on any target (LLVM splits its vectors where registers are narrower: right,
+    and slow; for tests)."""
+    choice = os.environ.get("TRACEGRAD_GEMM", "").strip().lower()
+    if choice in ("blas", "packed"):
+        return 256 if choice == "blas" else 512
+    return _host_vector_bits()
+
+
+@functools.cache
+def _host_vector_bits() -> int:
+    _init()
+    return 512 if "+avx512f" in llvm.get_host_cpu_features().flatten().split(",") else 256
 
 
 def optimise(ir_text: str, speed: int = 3) -> llvm.ModuleRef:
