@@ -72,6 +72,7 @@ GEMM_TASK_WORK = 1 << 26     # at most this many multiply-adds per task (per thr
 MAX_GEMM_TASKS = 64
 MR = 8                # rows of C a block of `_panels` sums in registers
 KC_PANEL = 192        # rows of B in one packed panel (192 x 2 AVX-512 registers: 24 KiB)
+A_PACK_BYTES = 96 << 10     # A's rows `_panels` packs at a time (128 float32 rows x 192)
 SLOT_PAR, SLOT_SGEMM, SLOT_DGEMM, SLOT_BLAS_THREADS = 0, 1, 2, 3
 
 
@@ -687,22 +688,27 @@ def packs(group: Group, vector_bits: int) -> bool:
 
 def _panels(k: Kernel, group: Group, ta: bool, tb: bool, pa, pb, pc,
             split: tuple[int, int, bool]) -> None:
-    """C = op(A) op(B) as a packed GEMM of our own (the loops of BLIS's, with A read in
-    place): for each block of at most KC_PANEL rows of B, each panel of NR = 2 vector
-    registers of columns is copied to a stack buffer (contiguous, kept in L1; a transposed B
-    in w x w squares transposed in registers), and each block of MR rows of C sums the
-    panel's products in MR x 2 registers: per p, two vector loads of the panel's row and one
-    broadcast of A's element per row. Partial sums go to C between blocks of B's rows; the
+    """C = op(A) op(B) as a packed GEMM of our own (BLIS's loops): for each block of at
+    most KC_PANEL of the contraction, and each chunk of up to A_PACK_BYTES of A's rows,
+    the chunk is packed to the stack in slices of MR rows (p-major, MR elements per p: what
+    the block of C reads by broadcasts, contiguous), then each panel of NR = 2 vector
+    registers of B's columns is packed (contiguous, kept in L1; a transposed B, and a
+    row-major A, in squares transposed in registers), and each slice of the chunk sums its
+    products with the panel in MR x 2 registers: per p, two vector loads of the panel's row
+    and one broadcast per row. Partial sums go to C between blocks of the contraction; the
     last block stores an accumulating product's w - c * p (`Group.acc`) directly. Each
     element sums its products in p order, one fused multiply-add each, whatever the task
     split: the same bits on any pool.
     Edges are static (shapes are): a last panel narrower than NR is zero-padded in the
-    buffer and stored element by element, a last block of rows has its own MR.
-    Measured, one thread (2-vCPU Intel Xeon, AVX-512; best of 3 x 300 calls), against
-    OpenBLAS's sgemm in numpy: (128, 784) @ (784, 512) 577-608 us against 685-714;
-    (128, 512) @ (512, 512)^T 360-394 against 457-500 (445 with B transposed by scalar
-    copies); (512, 128)^T @ (128, 512) 361-389 against 533-557; (784, 128)^T @ (128, 512)
-    593-632 against 607-646. In mlp_step the step went from 1.67 to 1.45 ms."""
+    buffer and stored element by element, a last slice of rows has its own MR.
+    Measured, one thread (2-vCPU Intel Xeon, AVX-512; best of 3 x 300 calls, 2 runs),
+    against OpenBLAS's sgemm in numpy: (128, 784) @ (784, 512) 571-594 us against 701-705;
+    (128, 512) @ (512, 512)^T 379-389 against 479-490 (445 with B transposed by scalar
+    copies); (512, 128)^T @ (128, 512) 332-367 against 540-562; (784, 128)^T @ (128, 512)
+    548-572 against 600-650 (593-632 with A read in place: its rows alias in L1 where their
+    stride is a multiple of 4 KiB). Square products on 2 threads, against numpy's sgemm on
+    2 threads: 512^3 1.10-1.13x its speed, 1024^3 0.77-0.90x (?gemm split as our tasks:
+    0.61-0.79x). In mlp_step the step went from 1.67 to 1.46 ms."""
     gemm = _PanelGemm(k, group, ta, tb, pa, pb, pc)
     b = k.b
     batch, m, kk, n = gemm_dims(group)
@@ -746,9 +752,10 @@ class _PanelGemm:
         self.nr = 2 * self.w
         self.blocks = -(-self.kk // KC_PANEL)
         self.kc = -(-self.kk // self.blocks)
-        buf = k.alloca(ir.ArrayType(pc.type.pointee, self.kc * self.nr))
-        buf.align = 64
-        self.buf = self.b.bitcast(buf, pc.type.pointee.as_pointer())
+        # rows of A packed at a time: MR-row slices, each p-major (MR elements per p)
+        self.mc = max(MR, A_PACK_BYTES // (self.kc * dt.itemsize) // MR * MR)
+        self.buf, self.abuf = (self._stack(pc.type.pointee, size)
+                               for size in (self.kc * self.nr, self.mc * self.kc))
         self.sums = [[k.alloca(self.vt) for _ in range(2)] for _ in range(MR)]
         self.zero = ir.Constant(self.vt, [0.0] * self.w)
         self.acc = None
@@ -757,9 +764,14 @@ class _PanelGemm:
             self.acc = (_splat(self.b, self.b.fneg(c) if group.acc[2] else c, self.vt),
                         k.ptrs[group.acc[0].id])
 
+    def _stack(self, ft: ir.Type, size: int) -> ir.Value:
+        slot = self.k.alloca(ir.ArrayType(ft, size))
+        slot.align = 64
+        return self.b.bitcast(slot, ft.as_pointer())
+
     def product(self, t, r0, rows: int, c0, width: int) -> None:
         """Rows r0 .. r0 + rows by columns c0 .. c0 + width of batch t's C."""
-        k, b, kc, nr = self.k, self.b, self.kc, self.nr
+        k, b, kc, nr, mc = self.k, self.b, self.kc, self.nr, self.mc
         offsets = [b.mul(t, i64(s)) for s in (self.m * self.kk, self.kk * self.n,
                                              self.m * self.n)]
 
@@ -770,21 +782,75 @@ class _PanelGemm:
             where = (offsets, p0, size, b.icmp_signed("==", q, i64(0)),
                      b.icmp_signed("==", q, i64(self.blocks - 1)))
 
-            def panel(j0, cols: int):
-                self.pack(offsets[1], p0, size, j0, cols)
-                full = rows // MR
-                if full:
-                    k.for_range(i64(0), i64(full), lambda ib: self.micro(
-                        where, b.add(r0, b.mul(ib, i64(MR))), MR, j0, cols))
-                if rows % MR:
-                    self.micro(where, b.add(r0, i64(full * MR)), rows % MR, j0, cols)
-            whole = width // nr
-            if whole:
-                k.for_range(i64(0), i64(whole),
-                            lambda jp: panel(b.add(c0, b.mul(jp, i64(nr))), nr))
-            if width % nr:
-                panel(b.add(c0, i64(whole * nr)), width % nr)
+            def chunk(i0, count: int):     # rows i0 .. i0 + count of C, A's packed first
+                self.pack_a(offsets[0], i0, count, p0, size)
+
+                def panel(j0, cols: int):
+                    self.pack(offsets[1], p0, size, j0, cols)
+                    full = count // MR
+                    if full:
+                        k.for_range(i64(0), i64(full), lambda s: self.micro(
+                            where, i0, s, MR, j0, cols))
+                    if count % MR:
+                        self.micro(where, i0, i64(full), count % MR, j0, cols)
+                whole = width // nr
+                if whole:
+                    k.for_range(i64(0), i64(whole),
+                                lambda jp: panel(b.add(c0, b.mul(jp, i64(nr))), nr))
+                if width % nr:
+                    panel(b.add(c0, i64(whole * nr)), width % nr)
+            if rows // mc:
+                k.for_range(i64(0), i64(rows // mc),
+                            lambda ic: chunk(b.add(r0, b.mul(ic, i64(mc))), mc))
+            if rows % mc:
+                chunk(b.add(r0, i64(rows // mc * mc)), rows % mc)
         k.for_range(i64(0), i64(self.blocks), block)
+
+    def pack_a(self, oa, i0, count: int, p0, size) -> None:
+        """Rows i0 .. i0 + count of op(A), its columns p0 .. p0 + size, into `abuf`: slice s
+        (rows i0 + s * MR ..) from s * MR * kc, element (i, p) of it at p * MR + i (a
+        transposed A: MR-element copies; else MR x MR squares transposed in registers)."""
+        k, b, align, kc = self.k, self.b, self.align, self.kc
+        st = ir.VectorType(self.vt.element, MR)
+        sa0, sa1 = (1, self.m) if self.ta else (self.kk, 1)
+
+        def a_at(i, p):     # (i, p) of op(A), i from i0 and p from p0
+            return b.add(oa, b.add(b.mul(b.add(i0, i), i64(sa0)),
+                                   b.mul(b.add(p0, p), i64(sa1))))
+
+        def to(s, p, i: int = 0):
+            return b.add(b.mul(s, i64(MR * kc)), b.add(b.mul(p, i64(MR)), i64(i)))
+
+        def whole(s):
+            r = b.mul(s, i64(MR))
+            if self.ta:
+                k.for_range(i64(0), size, lambda p: b.store(
+                    b.load(_vector(b, self.pa, a_at(r, p), st), align=align),
+                    _vector(b, self.abuf, to(s, p), st), align=align))
+                return
+            squares = b.sdiv(size, i64(MR))
+            done = b.mul(squares, i64(MR))
+
+            def square(q):
+                p = b.mul(q, i64(MR))
+                rows = [b.load(_vector(b, self.pa, a_at(b.add(r, i64(i)), p), st), align=align)
+                        for i in range(MR)]
+                for c, x in enumerate(_transposed(b, rows)):
+                    b.store(x, _vector(b, self.abuf, to(s, b.add(p, i64(c))), st), align=align)
+            k.for_range(i64(0), squares, square)
+            k.for_range(done, size, lambda p: [
+                b.store(b.load(b.gep(self.pa, [a_at(b.add(r, i64(i)), p)], inbounds=True)),
+                        b.gep(self.abuf, [to(s, p, i)], inbounds=True))
+                for i in range(MR)])
+        if count // MR:
+            k.for_range(i64(0), i64(count // MR), whole)
+        if count % MR:
+            s = i64(count // MR)
+            k.for_range(i64(0), size, lambda p: [
+                b.store(b.load(b.gep(self.pa, [a_at(i64(count // MR * MR + i), p)],
+                                     inbounds=True)),
+                        b.gep(self.abuf, [to(s, p, i)], inbounds=True))
+                for i in range(count % MR)])
 
     def pack(self, ob, p0, size, j0, width: int) -> None:
         """Rows p0 .. p0 + size of op(B)'s columns j0 .. j0 + width into the buffer, row p at
@@ -833,11 +899,13 @@ class _PanelGemm:
                 i64(width), i64(nr), lambda j: b.store(
                     zero, b.gep(buf, [b.add(b.mul(p, i64(nr)), j)], inbounds=True))))
 
-    def micro(self, where, i0, mr: int, j0, width: int) -> None:
-        """Rows i0 .. i0 + mr of C by the packed panel's columns j0 .. j0 + width: sums in
-        registers over the block's p, started from C's partial sums after the first block."""
+    def micro(self, where, r0, s, mr: int, j0, width: int) -> None:
+        """Rows of packed slice s (mr of them, from r0 + s * MR) of C by the packed panel's
+        columns j0 .. j0 + width: sums in registers over the block's p, started from C's
+        partial sums after the first block."""
         k, b, w, vt, align = self.k, self.b, self.w, self.vt, self.align
-        (oa, _, oc), p0, size, first, last = where
+        (_, _, oc), _, size, first, last = where
+        i0 = b.add(r0, b.mul(s, i64(MR)))
         nv = -(-width // w)
         sums = self.sums
 
@@ -869,16 +937,14 @@ class _PanelGemm:
                 start = self.zero if self.blocks == 1 else \
                     b.select(first, self.zero, load(self.pc, i, v))
                 b.store(start, sums[i][v])
-        # element (i, p) of op(A) at i * sa0 + p * sa1
-        sa0, sa1 = (1, self.m) if self.ta else (self.kk, 1)
-        rows = [b.add(oa, b.add(b.mul(b.add(i0, i64(i)), i64(sa0)), b.mul(p0, i64(sa1))))
-                for i in range(mr)]
+        a_slice = b.mul(s, i64(MR * self.kc))
 
         def step(p):
             bvs = [b.load(_vector(b, self.buf, b.add(b.mul(p, i64(self.nr)), i64(v * w)), vt),
                           align=64 if v == 0 else align) for v in range(nv)]
+            at = b.add(a_slice, b.mul(p, i64(MR)))
             for i in range(mr):
-                a = b.load(b.gep(self.pa, [b.add(rows[i], b.mul(p, i64(sa1)))], inbounds=True))
+                a = b.load(b.gep(self.abuf, [b.add(at, i64(i))], inbounds=True))
                 av = _splat(b, a, vt)
                 for v in range(nv):
                     b.store(_fma(b, av, bvs[v], b.load(sums[i][v])), sums[i][v])
