@@ -737,11 +737,23 @@ def _panels(k: Kernel, group: Group, ta: bool, tb: bool, pa, pb, pc,
             share(chunk)
 
 
+class _ProbedAttributes(ir.values.FunctionAttributes):
+    """A function's attributes, plus stack probes: a frame of more than a page (the packing
+    buffers of `_panels`, ~120 KiB) touches each page as it grows, so a thread whose stack
+    is too small faults on its guard page instead of writing past it."""
+
+    def _to_list(self, ret_type):
+        return [*super()._to_list(ret_type), '"probe-stack"="inline-asm"']
+
+
 class _PanelGemm:
     """The code of `_panels` for one matmul group: its shapes, operands, packing buffer and
     the stack slots of its sums."""
 
     def __init__(self, k: Kernel, group: Group, ta: bool, tb: bool, pa, pb, pc):
+        fn = k.body_fn
+        if not isinstance(fn.attributes, _ProbedAttributes):
+            fn.attributes = _ProbedAttributes([*fn.attributes, "nounwind"])
         self.k, self.b = k, k.b
         self.ta, self.tb, self.pa, self.pb, self.pc = ta, tb, pa, pb, pc
         _, self.m, self.kk, self.n = gemm_dims(group)
