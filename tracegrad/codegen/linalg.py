@@ -678,9 +678,9 @@ def _blas(k: Kernel, group: Group, ta: bool, tb: bool, pa, pb, pc,
 
 
 def packs(group: Group, vector_bits: int) -> bool:
-    """Whether a matmul that would call ?gemm runs as `_panels` instead: on a target with
-    512-bit vectors (32 registers: its block of MR x 2 vectors sums in 16 of them), for a
-    product at least one panel (2 vectors) wide."""
+    """Whether a matmul big enough for ?gemm (`uses_blas`; whether or not a BLAS is found)
+    runs as `_panels` instead: on a target with 512-bit vectors (32 registers: its block of
+    MR x 2 vectors sums in 16 of them), for a product at least one panel (2 vectors) wide."""
     batch, m, kk, n = gemm_dims(group)
     dt = group.eqns[0].out.aval.dtype
     return vector_bits >= 512 and uses_blas(group) and n >= 2 * (64 // dt.itemsize)
@@ -953,7 +953,7 @@ class _PanelGemm:
 
         def step(p):
             bvs = [b.load(_vector(b, self.buf, b.add(b.mul(p, i64(self.nr)), i64(v * w)), vt),
-                          align=64 if v == 0 else align) for v in range(nv)]
+                          align=64) for v in range(nv)]    # (rows of nr: 128 bytes)
             at = b.add(a_slice, b.mul(p, i64(MR)))
             for i in range(mr):
                 a = b.load(b.gep(self.abuf, [b.add(at, i64(i))], inbounds=True))
