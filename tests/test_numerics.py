@@ -128,6 +128,20 @@ def test_log1p_and_expm1_at_tiny_and_huge_inputs(mode, dtype):
     assert out[2] == np.inf   # as numpy: overflow is inf, not NaN
 
 
+def test_int_floor_divide_by_zero_is_numpys_zero():
+    """x // 0 of integers is 0, as numpy's (it gave x: a guard divided by one instead)."""
+    for dt in (np.int32, np.int64):
+        a = np.array([7, -7, 0, 5, np.iinfo(dt).min, 9], dt)
+        b = np.array([0, 0, 0, 2, -1, -4], dt)
+        with np.errstate(all="ignore"):
+            want = np.floor_divide(a, b)
+        for got in (tg.floor_divide(a, b), tg.jit(lambda a, b: a // b)(a, b),
+                    (tg.tensor(a) // tg.tensor(b)).numpy()):
+            np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal((tg.tensor(a) // 0).numpy(), np.zeros_like(a))
+        np.testing.assert_array_equal(tg.jit(lambda a: a // 0)(a), np.zeros_like(a))
+
+
 def test_float_floor_divide_floors():
     """tg.floor_divide and // of floats divided without flooring (7.0 // 2.0 gave 3.5)."""
     vals = [7.0, -7.0, 5.5, -0.5, 3.0, -3.0, 1.0, 0.0, -0.0, 2.0, np.inf, -np.inf, np.nan]

@@ -101,8 +101,8 @@ def _int_pow(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
 
 
 def _floor_div(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
-    """numpy's floor_divide with the reference's guard: a zero divisor divides by one.
-    y == -1 is done as a wrapping negation so INT_MIN // -1 cannot trap."""
+    """numpy's floor_divide: x // 0 is 0 (numpy warns; the division is never made, it
+    would trap), and y == -1 is a wrapping negation so INT_MIN // -1 cannot trap."""
     t = x.type
     zero, one, minus1 = ir.Constant(t, 0), ir.Constant(t, 1), ir.Constant(t, -1)
     is_m1 = b.icmp_signed("==", y, minus1)
@@ -113,6 +113,7 @@ def _floor_div(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
                     b.icmp_signed("!=", b.icmp_signed("<", r, zero),
                                   b.icmp_signed("<", safe, zero)))
     q = b.sub(q, b.zext(adjust, t))
+    q = b.select(b.icmp_signed("==", y, zero), zero, q)
     return b.select(is_m1, b.sub(zero, x), q)
 
 

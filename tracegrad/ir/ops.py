@@ -347,8 +347,8 @@ def _maximum(x, y):
 
 
 def _div(x, y):
-    if np.issubdtype(np.result_type(x, y), np.integer):
-        return np.floor_divide(x, np.where(y == 0, 1, y))
+    if np.issubdtype(np.result_type(x, y), np.integer):     # x // 0 is 0, as numpy's
+        return np.where(y == 0, 0, np.floor_divide(x, np.where(y == 0, 1, y)))
     return np.divide(x, y)
 
 
