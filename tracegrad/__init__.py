@@ -10,13 +10,14 @@ from .tracer.custom import custom_vjp
 from .tracer.indexing import getitem
 from .tracer.jit import jit
 from .tracer.numpy_api import (
-    abs, add, amax, amin, arange_traced, argmax, argmin, astype, bool_, broadcast_to, cast, cat,
-    clamp, clip, concatenate, cos, div, divide, dot, equal, erf, exp, expand_dims, expm1,
-    eye_traced, float32, float64, floor_divide, full_traced, greater, greater_equal, int32,
-    int64, less, less_equal, linspace_traced, log, log1p, logical_and, logical_not, logical_or,
-    logsumexp, matmul, max, maximum, mean, min, minimum, mul, multiply, neg, not_equal, pow,
-    power, prod, reciprocal, relu, reshape, sigmoid, sign, sin, sqrt, square, squeeze, stack,
-    stop_gradient, sub, subtract, sum, swapaxes, take, tan, tanh, transpose, true_divide, where,
+    abs, add, all, amax, amin, any, arange_traced, argmax, argmin, astype, bool_, broadcast_to,
+    cast, cat, clamp, clip, concatenate, cos, div, divide, dot, equal, erf, exp, expand_dims,
+    expm1, eye_traced, float32, float64, floor_divide, full_traced, greater, greater_equal,
+    int32, int64, less, less_equal, linspace_traced, log, log1p, logical_and, logical_not,
+    logical_or, logsumexp, matmul, max, maximum, mean, min, minimum, mul, multiply, neg,
+    not_equal, pow, power, prod, reciprocal, relu, reshape, sigmoid, sign, sin, sqrt, square,
+    squeeze, stack, stop_gradient, sub, subtract, sum, swapaxes, take, tan, tanh, transpose,
+    true_divide, where,
 )
 from .tracer.pytree import register_pytree_node, tree_flatten, tree_map, tree_unflatten
 from .tracer.random import manual_seed

@@ -24,6 +24,12 @@ def _axis(axis: Any, dim: Any) -> Any:
     return dim if dim is not None else axis
 
 
+def _empty_along(x: Any, axis: Any) -> bool:
+    """Whether `x`'s axis `axis` (in range) has no elements: softmax over it is empty."""
+    shape = E.shape_of(x)
+    return isinstance(axis, int) and -len(shape) <= axis < len(shape) and shape[axis] == 0
+
+
 def _reduce(loss: Any, reduction: str) -> Any:
     if reduction == "mean":
         return tnp.mean.raw(loss)
@@ -38,6 +44,8 @@ def _reduce(loss: Any, reduction: str) -> Any:
 def log_softmax(x: Any, axis: int = -1, dim: int | None = None) -> Any:
     axis = _axis(axis, dim)
     x = E.to_float(tnp._arr(x))
+    if _empty_along(x, axis):      # nothing to normalise: the result is empty too
+        return E.full(E.shape_of(x), 0.0, E.dtype_of(x))
     # (x - max) - log(sum(exp(x - max))): adding the max back and subtracting it again, as
     # x - logsumexp(x) does, loses the small term to rounding when the logits are large
     m = E.stop_gradient(tnp.max.raw(x, axis, keepdims=True))
@@ -50,6 +58,8 @@ def log_softmax(x: Any, axis: int = -1, dim: int | None = None) -> Any:
 def softmax(x: Any, axis: int = -1, dim: int | None = None) -> Any:
     axis = _axis(axis, dim)
     x = E.to_float(tnp._arr(x))
+    if _empty_along(x, axis):
+        return E.full(E.shape_of(x), 0.0, E.dtype_of(x))
     m = E.stop_gradient(tnp.max.raw(x, axis, keepdims=True))
     e = E.exp(E.sub(x, m))
     return E.div(e, tnp.sum.raw(e, axis, keepdims=True))
@@ -137,6 +147,10 @@ def binary_cross_entropy_with_logits(z: Any, y: Any, reduction: str = "mean") ->
     """max(z,0) - z*y + log1p(exp(-|z|)): stable for any logit."""
     z = E.to_float(tnp._arr(z))
     y = E.convert(tnp._arr(y), E.dtype_of(z))
+    if tuple(E.shape_of(y)) != tuple(E.shape_of(z)):     # (torch's check: no broadcasting)
+        raise ValueError(f"binary_cross_entropy_with_logits: target size "
+                         f"{tuple(E.shape_of(y))} must be the same as input size "
+                         f"{tuple(E.shape_of(z))}")
     loss = E.add(E.sub(E.maximum(z, 0.0), E.mul(z, y)), E.log1p(E.exp(E.neg(E.abs(z)))))
     return _reduce(loss, reduction)
 

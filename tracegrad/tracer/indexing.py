@@ -57,21 +57,50 @@ def _index_array(idx: Any, n: int, axis: int, what: str) -> Any:
         else idx
 
 
-def _expand(index: Any, ndim: int) -> list[Any]:
+def _mask(i: Any) -> np.ndarray | None:
+    """`i` as a concrete boolean mask of one or more axes (a numpy array or a list of
+    bools), else None."""
+    if isinstance(i, np.ndarray) or (type(i) is list and i):
+        m = np.asarray(i)
+        if m.dtype == np.bool_ and m.ndim:
+            return m
+    return None
+
+
+def _expand(index: Any, shape: tuple) -> list[Any]:
+    """`index` as one item per axis of an array of `shape` (Nones kept): '...' written out
+    as full slices, and a concrete boolean mask of k axes as the k integer arrays of its
+    True entries (numpy's: a mask's shape must match the axes it indexes; its result's
+    length is known here, so jit takes it as numpy does)."""
+    ndim = len(shape)
     if not isinstance(index, tuple):
         index = (index,)
     n_ellipsis = sum(i is Ellipsis for i in index)
     if n_ellipsis > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
-    used = sum(1 for i in index if i is not None and i is not Ellipsis)
+    masks = {k: m for k, i in enumerate(index) if (m := _mask(i)) is not None}
+    used = sum(masks[k].ndim if k in masks else 1 for k, i in enumerate(index)
+               if i is not None and i is not Ellipsis)
     if used > ndim:
         raise IndexError(f"too many indices: array is {ndim}-dimensional, but {used} were indexed")
     out: list[Any] = []
-    for i in index:
+    dim = 0
+    for k, i in enumerate(index):
         if i is Ellipsis:
             out.extend([slice(None)] * (ndim - used))
+            dim += ndim - used
+        elif k in masks:
+            m = masks[k]
+            for a, (got, want) in enumerate(zip(m.shape, shape[dim:dim + m.ndim])):
+                if got != want:
+                    raise IndexError(f"boolean index did not match indexed array along axis "
+                                     f"{dim + a}; size of axis is {want} but size of "
+                                     f"corresponding boolean axis is {got}" + _at_user())
+            out.extend(np.nonzero(m))
+            dim += m.ndim
         else:
             out.append(i)
+            dim += i is not None
     out.extend([slice(None)] * (ndim - sum(1 for i in out if i is not None)))
     return out
 
@@ -191,7 +220,7 @@ def getitem(x: Any, index: Any) -> Any:
     if type(index) is int and type(x) is Traced and x.atom.aval.shape:   # x[t]: the common case
         return int_index(x, index)
     shape = tuple(E.shape_of(x))
-    items = _expand(index, len(shape))
+    items = _expand(index, shape)
     slices: list[tuple[int, int, int]] = []
     out_shape: list[int] = []
     advanced: tuple[int, Any] | None = None   # (axis in the output, indices)
@@ -259,7 +288,7 @@ def _basic_slices(shape: tuple, index: Any, what: str, clip: bool = False
     NotImplementedError for array indices."""
     slices, sub, target = [], [], []
     dim = 0
-    for item in _expand(index, len(shape)):
+    for item in _expand(index, tuple(shape)):
         if item is None:
             target.append(1)
             continue
@@ -360,7 +389,7 @@ def update_at(x: Any, index: Any, v: Any, combine: Any, what: str, mode: str | N
     """`x` with `x[index]` replaced by `v` (combine None) or by `combine(x[index], v)`: a basic
     index is one update_slice; integer arrays (ints among them) one scatter or scatter_add
     on the indexed axes merged into one (see `_Merged` for `mode` and `_by_array`)."""
-    items = _expand(index, len(E.shape_of(x)))
+    items = _expand(index, tuple(E.shape_of(x)))
     if not any(_is_array_index(i) for i in items):
         return update(x, index, v, combine, what, mode == "clip")
     x0, (x, items) = x, _new_axes(x, items)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import operator
 from typing import Any, Sequence
 
 import numpy as np
@@ -49,11 +50,27 @@ def _arr(x: Any) -> Any:
 
 
 def _axes(x: Any, axis: Any) -> tuple[int, ...]:
+    """The axes `axis` names of `x`, sorted; a 0-d `x` takes axis 0 or -1, as torch's (and
+    reduces over none of its axes)."""
     ndim = len(E.shape_of(x))
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    return tuple(sorted(_axis(a, builtins.max(ndim, 1), ndim) for a in axes))
+    if type(axis) is int:
+        axes: tuple = (axis,)
+    else:
+        try:
+            axes = (operator.index(axis),)
+        except TypeError:
+            try:
+                axes = tuple(operator.index(a) for a in axis)
+            except TypeError:
+                raise TypeError(f"axis must be an int or a tuple of ints, got {axis!r}" +
+                                _at_user()) from None
+    out = tuple(sorted(_axis(a, builtins.max(ndim, 1), ndim) for a in axes))
+    if len(set(out)) != len(out):
+        raise AxisError(f"duplicate value in axis {axis!r} (of an array of dimension "
+                        f"{ndim})" + _at_user())
+    return out if ndim else ()
 
 
 def _axis(a: int, n: int, ndim: int | None = None, what: str = "") -> int:
@@ -254,7 +271,11 @@ def _arg(reduce, name):
     def f(x: Any, axis: int | None = None, keepdims: bool = False, **kw: Any) -> Any:
         axis, keepdims = _axis_kw(axis, kw), kw.pop("keepdim", keepdims)
         x = _arr(x)
-        if axis is None:
+        if axis is not None and not isinstance(axis, (int, np.integer)):
+            raise TypeError(f"{name.lower()}: axis must be an int or None, got {axis!r}" +
+                            _at_user())
+        if axis is None or not E.shape_of(x):   # (a 0-d x: axis 0 or -1 of it, checked)
+            _axes(x, axis)
             flat = E.reshape(x, (E.size_of(E.shape_of(x)),))
             out = reduce(flat, 0)
             return E.reshape(out, (1,) * len(E.shape_of(x))) if keepdims else out
@@ -263,6 +284,27 @@ def _arg(reduce, name):
     return f
 
 
+def _truth(name):
+    @op(name)
+    def f(x: Any, axis: Any = None, keepdims: bool = False, **kw: Any) -> Any:
+        """numpy's all / any: whether every (some) element along `axis` is nonzero (NaN
+        counts as nonzero); a bool array. Over no elements all is True and any False."""
+        axis, keepdims = _axis_kw(axis, kw), kw.pop("keepdim", keepdims)
+        x = _arr(x)
+        axes = _axes(x, axis)
+        nonzero = x if E.dtype_of(x).kind == "b" else E.not_equal(x, E.zeros_like(x))
+        count = E.reduce_sum(E.convert(nonzero, int64), axes)
+        if name == "All":
+            out = E.equal(count, math.prod(E.shape_of(x)[a] for a in axes))
+        else:
+            out = E.greater(count, 0)
+        return _keep(x, out, axes, keepdims)
+    f.__name__ = name.lower()
+    return f
+
+
+all = _truth("All")  # noqa: A001
+any = _truth("Any")  # noqa: A001
 argmax = _arg(E.argmax, "Argmax")
 argmin = _arg(E.argmin, "Argmin")
 
@@ -273,6 +315,11 @@ def logsumexp(x: Any, axis: Any = None, keepdims: bool = False, **kw: Any) -> An
     axis, keepdims = _axis_kw(axis, kw), kw.pop("keepdim", keepdims)
     x = E.to_float(_arr(x))
     axes = _axes(x, axis)
+    shape = E.shape_of(x)
+    if builtins.any(shape[a] == 0 for a in axes):    # the log of an empty sum: -inf, as torch's
+        out = E.full([d for i, d in enumerate(shape) if i not in axes], -math.inf,
+                     E.dtype_of(x))
+        return _keep(x, out, axes, keepdims)
     m = E.stop_gradient(E.reduce_max(x, axes))
     m = E.where(E.less(E.abs(m), math.inf), m, 0.0)    # an all -inf row stays -inf, not nan
     m_kept = E.reshape(m, tuple(1 if i in axes else d for i, d in enumerate(E.shape_of(x))))
@@ -312,8 +359,9 @@ def transpose(x: Any, axes: Any = None, *more: Any) -> Any:
         perm = tuple(reversed(range(ndim)))
     elif more:   # torch style transpose(x, dim0, dim1)
         perm = list(range(ndim))
-        a, b = _axes(x, axes)[0], _axes(x, more[0])[0]
-        perm[a], perm[b] = perm[b], perm[a]
+        a, b = _axes(x, axes), _axes(x, more[0])    # (() of a 0-d x: nothing to swap)
+        if ndim:
+            perm[a[0]], perm[b[0]] = perm[b[0]], perm[a[0]]
     else:
         axes = tuple(axes)
         if len(axes) != ndim or not builtins.all(-ndim <= a < ndim for a in axes):
@@ -328,8 +376,9 @@ def swapaxes(x: Any, a: int, b: int) -> Any:
 
 
 @op("Expand")
-def broadcast_to(x: Any, shape: Sequence[int]) -> Any:
-    return E.broadcast_to(_arr(x), tuple(shape))
+def broadcast_to(x: Any, shape: int | Sequence[int]) -> Any:
+    return E.broadcast_to(_arr(x), (shape,) if isinstance(shape, (int, np.integer))
+                          else tuple(shape))
 
 
 @op("Unsqueeze")
@@ -363,6 +412,9 @@ def concatenate(xs: Sequence[Any], axis: int = 0, dim: int | None = None) -> Any
     xs = [_arr(x) for x in xs]
     if not xs:
         raise ShapeError("concatenate: needs at least one array")
+    if axis is None:    # numpy's: the arrays flattened, end to end
+        xs = [E.reshape(x, (E.size_of(E.shape_of(x)),)) for x in xs]
+        axis = 0
     ndim = len(E.shape_of(xs[0]))
     if ndim == 0:
         raise ShapeError("concatenate: zero-dimensional arrays cannot be concatenated")

@@ -95,6 +95,7 @@ def _method(fn: Any, name: str) -> Any:
 
 _METHODS = {
     "sum": (tnp.sum, "Sum"), "mean": (tnp.mean, "Mean"), "prod": (tnp.prod, "Prod"),
+    "all": (tnp.all, "All"), "any": (tnp.any, "Any"),
     "argmax": (tnp.argmax, "Argmax"), "argmin": (tnp.argmin, "Argmin"),
     "exp": (tnp.exp, "Exp"), "log": (tnp.log, "Log"), "log1p": (tnp.log1p, "Log1P"),
     "expm1": (tnp.expm1, "Expm1"), "tanh": (tnp.tanh, "Tanh"),
@@ -367,7 +368,7 @@ def _expand_strides(st: tuple, args: tuple, kwargs: dict, old: tuple, new: tuple
 
 def _index_strides(st: tuple, args: tuple, kwargs: dict, old: tuple, new: tuple) -> tuple:
     out, d = [], 0
-    for it in expand_index(args[0], len(old)):
+    for it in expand_index(args[0], tuple(old)):
         if it is None:
             out.append(0)
         elif type(it) is slice:
@@ -398,7 +399,7 @@ def _basic_contiguous(index: Any, shape: tuple) -> bool | None:
     if not _basic(index):
         return None
     sliced = False
-    for it, n in zip((i for i in expand_index(index, len(shape)) if i is not None), shape,
+    for it, n in zip((i for i in expand_index(index, tuple(shape)) if i is not None), shape,
                      strict=False):
         if type(it) is slice:
             start, stop, step = it.indices(n)
@@ -415,7 +416,7 @@ def _bounds(index: Any, shape: tuple) -> list | None:
     if not _basic(index):
         return None
     out = []
-    for it, n in zip((i for i in expand_index(index, len(shape)) if i is not None), shape,
+    for it, n in zip((i for i in expand_index(index, tuple(shape)) if i is not None), shape,
                      strict=False):
         if type(it) is slice:
             r = range(*it.indices(n))
@@ -449,6 +450,25 @@ _permute = _marks_view(_permute, "layout", _permute_strides)
 _t = _marks_view(_t, "layout", _reversed_strides)
 _expand = _marks_view(_expand, "layout", _expand_strides)
 _flatten = _marks_view(_flatten, "reshape")     # (its own reshape: no view of its own)
+_squeeze_all = Tensor.squeeze
+
+
+def _squeeze(self: Tensor, dim: Any = None, **kw: Any) -> Tensor:
+    """torch's squeeze: the given dims of size 1 go, the others stay (numpy's raises)."""
+    dim = kw.pop("axis", dim)
+    if kw:
+        raise TypeError(f"squeeze() got unexpected keyword arguments {sorted(kw)}")
+    if dim is None:
+        return _squeeze_all(self)
+    shape = self.shape
+    dims = tuple(dim) if isinstance(dim, (tuple, list)) else (dim,)
+    n = max(len(shape), 1)      # (a 0-d tensor's dim is 0 or -1, as torch's)
+    keep = tuple(a for a in (_axis(d, n, what="squeeze") for d in dims)
+                 if a < len(shape) and shape[a] == 1)
+    return record(_r(tnp.squeeze), "Squeeze", (self, keep), {})
+
+
+Tensor.squeeze = _squeeze
 for _n in ("unsqueeze", "squeeze"):
     setattr(Tensor, _n, _marks_view(getattr(Tensor, _n), "shape", _reshape_strides))
 
@@ -498,7 +518,7 @@ def _getitem(self: Tensor, index: Any) -> Tensor:
     if isinstance(index, Tensor) or type(index) is tuple and any(
             isinstance(i, Tensor) for i in index):
         _check_index_arrays(index, self.shape, "indexing")
-    split = _ints_first(index, self.ndim)
+    split = _ints_first(index, self.shape)
     if split is not None:
         return _getitem(_getitem(self, split[0]), split[1])
     return record(_r(getitem), "Index", (self, index), {}, keep_arrays=True)
@@ -508,7 +528,7 @@ def _is_int(i: Any) -> bool:
     return isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_))
 
 
-def _ints_first(index: Any, ndim: int) -> tuple[tuple, tuple] | None:
+def _ints_first(index: Any, shape: tuple) -> tuple[tuple, tuple] | None:
     """For an index mixing ints and index arrays: (its ints, the rest), as torch applies them
     one after the other (the ints as selects: `t[1, :, idx]` is `t[1][:, idx]`, of shape
     (n, len(idx)); numpy, taking the int for an index array, lays idx's axis first). None
@@ -516,7 +536,7 @@ def _ints_first(index: Any, ndim: int) -> tuple[tuple, tuple] | None:
     if type(index) is not tuple or not any(map(_is_array_index, index)) or \
             not any(map(_is_int, index)):
         return None
-    items = expand_index(index, ndim)
+    items = expand_index(index, shape)
     return (tuple(i if _is_int(i) else slice(None) for i in items if i is not None),
             tuple(i for i in items if not _is_int(i)))
 
@@ -719,7 +739,7 @@ def _check_index_arrays(index: Any, shape: tuple, what: str = "slice assignment"
     as an input, a tensor index is a traced one: reading would clamp it, an update drop its
     entry, as JAX's do)."""
     dim = 0
-    for item in expand_index(index, len(shape)):
+    for item in expand_index(index, tuple(shape)):
         if item is None:
             continue
         if _is_array_index(item):
@@ -764,7 +784,7 @@ def _scatter(x: Any, v: Any, index: Any) -> Any:
     """`x` with `x[index]` replaced by `v`: basic indexing (ints, slices, `...`, None), or
     integer arrays (torch's index_put_; of a repeated index, the last value is written);
     ints beside index arrays select first, as torch's (see `_ints_first`)."""
-    split = _ints_first(index, len(E.shape_of(x)))
+    split = _ints_first(index, tuple(E.shape_of(x)))
     if split is not None:
         part = update_at(getitem(x, split[0]), split[1], v, None, "slice assignment")
         return update_at(x, split[0], part, None, "slice assignment")
