@@ -185,3 +185,40 @@ def test_boolean_mask_shape_and_updates():
     with pytest.raises(IndexError, match="boolean scalar"):
         tg.jit(lambda a: a[True])(x)
 
+
+
+def test_boolean_tensor_masks_inside_a_tuple_index():
+    """A bool Tensor beside ints, slices or '...' masks as torch's (it raised "data-dependent
+    shape" unless it was the whole index), reading and writing."""
+    x = np.arange(24.0).reshape(2, 3, 4)
+    m3, m4, m1 = np.array([True, False, True]), np.array([True, False, True, True]), \
+        np.array([True, False])
+    cases = [(lambda M: (0, M(m3)), x[0][m3]), (lambda M: (0, slice(None), M(m4)), x[0][:, m4]),
+             (lambda M: (M(m1), slice(None), 1), x[m1][:, :, 1]),
+             (lambda M: (Ellipsis, M(m4)), x[..., m4])]
+    for index, want in cases:
+        t = tg.tensor(x, requires_grad=True)
+        r = t[index(tg.tensor)]
+        (r * r).sum().backward()
+        np.testing.assert_array_equal(r.detach().numpy(), want)
+        assert np.array_equal(t.grad.numpy() != 0, np.isin(x, want) & (x != 0))
+        if torch is not None:
+            tt = torch.tensor(x, requires_grad=True)
+            (tt[index(torch.from_numpy)] ** 2).sum().backward()
+            np.testing.assert_array_equal(t.grad.numpy(), tt.grad.numpy())
+    t = tg.tensor(x.copy())
+    t[1, tg.tensor(m3)] = 5.0
+    want = x.copy()
+    want[1][m3] = 5.0
+    np.testing.assert_array_equal(t.numpy(), want)
+
+
+def test_traced_values_have_all_any_and_checked_squeeze_dims():
+    x = np.array([[1.0, -2.0], [0.0, 3.0]])
+    assert tg.jit(lambda a: (a > 0).any())(x) == np.True_
+    np.testing.assert_array_equal(tg.jit(lambda a: a.all(axis=1))(x), [True, False])
+    assert tg.nn.functional.softmax(np.ones((2, 0)), axis=np.int64(1)).shape == (2, 0)
+    with pytest.raises(tg.AxisError, match="out of bounds for an array of dimension 0"):
+        tg.tensor(3.0).squeeze(1)
+    with pytest.raises(IndexError, match=r"squeeze: dim \(1, -2\) repeats a dim"):
+        tg.tensor(np.ones((2, 1, 1))).squeeze((1, -2))

@@ -27,7 +27,8 @@ def _axis(axis: Any, dim: Any) -> Any:
 def _empty_along(x: Any, axis: Any) -> bool:
     """Whether `x`'s axis `axis` (in range) has no elements: softmax over it is empty."""
     shape = E.shape_of(x)
-    return isinstance(axis, int) and -len(shape) <= axis < len(shape) and shape[axis] == 0
+    return isinstance(axis, (int, np.integer)) and -len(shape) <= axis < len(shape) and \
+        shape[axis] == 0
 
 
 def _reduce(loss: Any, reduction: str) -> Any:

@@ -78,7 +78,8 @@ def _expand(index: Any, shape: tuple) -> list[Any]:
     n_ellipsis = sum(i is Ellipsis for i in index)
     if n_ellipsis > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
-    masks = {k: m for k, i in enumerate(index) if (m := _mask(i)) is not None}
+    masks = {k: m for k, i in enumerate(index) if (type(i) is list or type(i) is np.ndarray)
+             and (m := _mask(i)) is not None}
     used = sum(masks[k].ndim if k in masks else 1 for k, i in enumerate(index)
                if i is not None and i is not Ellipsis)
     if used > ndim:

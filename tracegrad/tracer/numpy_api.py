@@ -57,6 +57,8 @@ def _axes(x: Any, axis: Any) -> tuple[int, ...]:
         return tuple(range(ndim))
     if type(axis) is int:
         axes: tuple = (axis,)
+    elif type(axis) is tuple and builtins.all(type(a) is int for a in axis):
+        axes = axis
     else:
         try:
             axes = (operator.index(axis),)

@@ -463,8 +463,11 @@ def _squeeze(self: Tensor, dim: Any = None, **kw: Any) -> Tensor:
     shape = self.shape
     dims = tuple(dim) if isinstance(dim, (tuple, list)) else (dim,)
     n = max(len(shape), 1)      # (a 0-d tensor's dim is 0 or -1, as torch's)
-    keep = tuple(a for a in (_axis(d, n, what="squeeze") for d in dims)
-                 if a < len(shape) and shape[a] == 1)
+    axes = [_axis(d, n, len(shape), what="squeeze") for d in dims]
+    if len(set(axes)) != len(axes):
+        raise IndexError(f"squeeze: dim {dim!r} repeats a dim (of a tensor of dimension "
+                         f"{len(shape)})")
+    keep = tuple(a for a in axes if a < len(shape) and shape[a] == 1)
     return record(_r(tnp.squeeze), "Squeeze", (self, keep), {})
 
 
@@ -505,7 +508,18 @@ Tensor.allclose = lambda self, other, rtol=1e-5, atol=1e-8: bool(np.allclose(
     self._val(), other._val() if isinstance(other, Tensor) else other, rtol, atol))
 
 
+def _concrete_masks(index: Any) -> Any:
+    """A tuple index with its boolean Tensors as their values (masks: no gradient flows
+    through them, and their True entries fix the result's shape, as torch reads them)."""
+    if type(index) is tuple and any(isinstance(i, Tensor) and i.dtype == np.bool_
+                                    for i in index):
+        return tuple(i._val() if isinstance(i, Tensor) and i.dtype == np.bool_ else i
+                     for i in index)
+    return index
+
+
 def _getitem(self: Tensor, index: Any) -> Tensor:
+    index = _concrete_masks(index)
     mask = index if isinstance(index, (Tensor, np.ndarray)) else None
     if mask is not None and mask.dtype == np.bool_:
         m = mask._val() if isinstance(mask, Tensor) else mask
@@ -751,6 +765,7 @@ def _check_index_arrays(index: Any, shape: tuple, what: str = "slice assignment"
 def _setitem(self: Tensor, index: Any, value: Any) -> None:
     _check_inplace(self)
     unchanged = row = None
+    index = _concrete_masks(index)
     if isinstance(index, (Tensor, np.ndarray)) and index.dtype == np.bool_:
         m = index._val() if isinstance(index, Tensor) else index
         if m.shape != self.shape[:m.ndim]:
