@@ -78,8 +78,29 @@ def _expand(index: Any, shape: tuple) -> list[Any]:
     n_ellipsis = sum(i is Ellipsis for i in index)
     if n_ellipsis > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
-    masks = {k: m for k, i in enumerate(index) if (type(i) is list or type(i) is np.ndarray)
-             and (m := _mask(i)) is not None}
+    masks = None
+    for i in index:
+        if type(i) is list or type(i) is np.ndarray:
+            masks = {k: m for k, j in enumerate(index) if (m := _mask(j)) is not None}
+            break
+    if masks:
+        return _with_masks(index, shape, masks)
+    used = sum(1 for i in index if i is not None and i is not Ellipsis)
+    if used > ndim:
+        raise IndexError(f"too many indices: array is {ndim}-dimensional, but {used} were indexed")
+    out: list[Any] = []
+    for i in index:
+        if i is Ellipsis:
+            out.extend([slice(None)] * (ndim - used))
+        else:
+            out.append(i)
+    out.extend([slice(None)] * (ndim - sum(1 for i in out if i is not None)))
+    return out
+
+
+def _with_masks(index: tuple, shape: tuple, masks: dict) -> list[Any]:
+    """_expand of an index holding boolean masks (`masks`: position -> mask)."""
+    ndim = len(shape)
     used = sum(masks[k].ndim if k in masks else 1 for k, i in enumerate(index)
                if i is not None and i is not Ellipsis)
     if used > ndim:
@@ -104,7 +125,6 @@ def _expand(index: Any, shape: tuple) -> list[Any]:
             dim += i is not None
     out.extend([slice(None)] * (ndim - sum(1 for i in out if i is not None)))
     return out
-
 
 # (shape, int index) -> the params of x[index]'s slice (None if there is nothing to cut) and
 # reshape, each with its bind_traced token; equations share them, as they share a rule's
