@@ -276,8 +276,9 @@ def _arg(reduce, name):
         if axis is not None and not isinstance(axis, (int, np.integer)):
             raise TypeError(f"{name.lower()}: axis must be an int or None, got {axis!r}" +
                             _at_user())
-        if axis is None or not E.shape_of(x):   # (a 0-d x: axis 0 or -1 of it, checked)
-            _axes(x, axis)
+        if axis is None or not E.shape_of(x):
+            if axis is not None:
+                _axes(x, axis)      # (a 0-d x's axis: 0 or -1, else AxisError)
             flat = E.reshape(x, (E.size_of(E.shape_of(x)),))
             out = reduce(flat, 0)
             return E.reshape(out, (1,) * len(E.shape_of(x))) if keepdims else out

@@ -511,10 +511,11 @@ Tensor.allclose = lambda self, other, rtol=1e-5, atol=1e-8: bool(np.allclose(
 def _concrete_masks(index: Any) -> Any:
     """A tuple index with its boolean Tensors as their values (masks: no gradient flows
     through them, and their True entries fix the result's shape, as torch reads them)."""
-    if type(index) is tuple and any(isinstance(i, Tensor) and i.dtype == np.bool_
-                                    for i in index):
-        return tuple(i._val() if isinstance(i, Tensor) and i.dtype == np.bool_ else i
-                     for i in index)
+    if type(index) is tuple:
+        for i in index:     # (every tuple index passes here: a loop, no generator)
+            if isinstance(i, Tensor) and i.dtype == np.bool_:
+                return tuple(j._val() if isinstance(j, Tensor) and j.dtype == np.bool_ else j
+                             for j in index)
     return index
 
 
