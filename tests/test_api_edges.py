@@ -222,3 +222,108 @@ def test_traced_values_have_all_any_and_checked_squeeze_dims():
         tg.tensor(3.0).squeeze(1)
     with pytest.raises(IndexError, match=r"squeeze: dim \(1, -2\) repeats a dim"):
         tg.tensor(np.ones((2, 1, 1))).squeeze((1, -2))
+
+
+ELLIPSIS_GAPS = [   # a '...' of no axes between two advanced items, on shape (5, 3, 4)
+    (slice(0, 2), [0, 1, 2], Ellipsis, [1, 2, 3]),
+    (slice(None), 0, Ellipsis, [1, 2]),
+    (slice(None), np.array([True, False, True]), Ellipsis, [1, 2]),
+    ([[0], [1]], Ellipsis, [1, 2], slice(1, 3)),
+    (Ellipsis, [0, 1], [1, 2]),     # (no gap: '...' is first)
+]
+
+
+@pytest.mark.parametrize("k", range(len(ELLIPSIS_GAPS)))
+def test_an_ellipsis_of_no_axes_parts_index_arrays_as_numpy(k):
+    """numpy takes index arrays with a '...' between them as apart even where the '...'
+    stands for no axes, and lays their axes first; torch takes them as adjacent. jit and
+    the numpy API follow numpy (reading, `.at` updates, gradients), Tensors torch."""
+    index = ELLIPSIS_GAPS[k]
+    x = np.random.default_rng(k).standard_normal((5, 3, 4))
+    want = x[index]
+    got = tg.jit(lambda x: x[index])(x)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    v = np.random.default_rng(9).standard_normal(want.shape)
+    y = x.copy()
+    y[index] = v
+    np.testing.assert_array_equal(tg.jit(lambda x, v: x.at[index].set(v))(x, v), y)
+    g = np.zeros_like(x)
+    np.add.at(g, index, v)
+    np.testing.assert_allclose(tg.grad(lambda x: tg.sum(x[index] * v))(x), g)
+    if torch is not None:
+        tindex = tuple(torch.as_tensor(i) if isinstance(i, (list, np.ndarray)) else i
+                       for i in index)
+        want_t = torch.from_numpy(x)[tindex]
+        t = tg.tensor(x, requires_grad=True)
+        got_t = t[tuple(np.asarray(i) if isinstance(i, list) else i for i in index)]
+        assert got_t.shape == tuple(want_t.shape)
+        np.testing.assert_array_equal(got_t.detach().numpy(), want_t.numpy())
+
+
+def test_index_arrays_that_do_not_broadcast_raise_index_error():
+    x = np.ones((5, 3))
+    for f in (lambda x: x[[0, 1], [0, 1, 2]], lambda x: x.at[[0, 1], [0, 1, 2]].set(1.0)):
+        with pytest.raises(IndexError, match=r"shape mismatch: .* \(2,\) \(3,\).*test_api_edges"):
+            tg.jit(f)(x)
+    with pytest.raises(IndexError, match="shape mismatch"):
+        tg.tensor(x)[np.array([0, 1]), np.array([0, 1, 2])]
+    with np.testing.assert_raises(IndexError):      # numpy's own class
+        x[[0, 1], [0, 1, 2]]
+
+
+def test_jvp_tangents_must_have_their_primals_dtype():
+    """As JAX: an array tangent of another dtype is a TypeError (it had been cast without a
+    word); a Python number takes its primal's dtype."""
+    x = np.ones(3, np.float32)
+    with pytest.raises(TypeError, match="tangent 0 has dtype float64 but its primal has "
+                                        "dtype float32"):
+        tg.jvp(tg.tanh, (x,), (np.ones(3),))
+    out, t = tg.jvp(tg.tanh, (np.float32(2.0),), (1.0,))
+    assert t.dtype == np.float32
+    np.testing.assert_allclose(t, 1 - np.tanh(np.float32(2.0)) ** 2, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["var", "std"])
+def test_var_and_std_as_numpy_and_torch(name):
+    """tg.var/tg.std and traced x.var() are numpy's (ddof 0 unless given); Tensor.var/std
+    are torch's (Bessel's correction unless unbiased=False or another correction)."""
+    x = np.random.default_rng(0).standard_normal((4, 5))
+    ref = getattr(np, name)
+    for kw in ({}, {"axis": 0}, {"axis": 1, "ddof": 1, "keepdims": True},
+               {"axis": (0, 1), "ddof": 3}):
+        want = ref(x, **kw)
+        np.testing.assert_allclose(getattr(tg, name)(x, **kw), want)
+        np.testing.assert_allclose(tg.jit(lambda x: getattr(x, name)(**kw))(x), want)
+    g = tg.grad(lambda x: tg.sum(getattr(tg, name)(x, axis=0, ddof=1)))(x)
+    eps = 1e-6
+    fd = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        d = np.zeros_like(x)
+        d[i] = eps
+        fd[i] = (ref(x + d, axis=0, ddof=1).sum() - ref(x - d, axis=0, ddof=1).sum()) / (2 * eps)
+    np.testing.assert_allclose(g, fd, rtol=1e-5, atol=1e-7)
+    assert np.isnan(getattr(tg, name)(np.array([1.0]), ddof=1))     # no degrees of freedom
+    for kw, ddof in (({}, 1), ({"dim": 0}, 1), ({"dim": 1, "keepdim": True}, 1),
+                     ({"unbiased": False}, 0), ({"correction": 2, "dim": (0, 1)}, 2)):
+        t = tg.tensor(x, requires_grad=True)
+        y = getattr(t, name)(**kw)
+        axis = kw.get("dim")
+        want = ref(x, axis=axis, ddof=ddof, keepdims=kw.get("keepdim", False))
+        np.testing.assert_allclose(y.detach().numpy(), want)
+        y.sum().backward()
+        if torch is not None:
+            tt = torch.tensor(x, requires_grad=True)
+            getattr(tt, name)(**kw).sum().backward()
+            np.testing.assert_allclose(t.grad.numpy(), tt.grad.numpy())
+    with pytest.raises(RuntimeError, match="std and var only support floating point"):
+        getattr(tg.tensor(np.arange(4)), name)()
+
+
+def test_tensor_mean_of_integers_raises_as_torch():
+    t = tg.tensor(np.arange(4))
+    with pytest.raises(RuntimeError, match="mean\\(\\): could not infer output dtype.*Long"):
+        t.mean()
+    y = t.mean(dtype=tg.float64)
+    assert y.dtype == np.float64 and y.item() == 1.5
+    assert tg.mean(np.arange(4)) == 1.5     # the numpy API takes them

@@ -16,8 +16,8 @@ from .tracer.numpy_api import (
     int32, int64, less, less_equal, linspace_traced, log, log1p, logical_and, logical_not,
     logical_or, logsumexp, matmul, max, maximum, mean, min, minimum, mul, multiply, neg,
     not_equal, pow, power, prod, reciprocal, relu, reshape, sigmoid, sign, sin, sqrt, square,
-    squeeze, stack, stop_gradient, sub, subtract, sum, swapaxes, take, tan, tanh, transpose,
-    true_divide, where,
+    squeeze, stack, std, stop_gradient, sub, subtract, sum, swapaxes, take, tan, tanh,
+    transpose, true_divide, var, where,
 )
 from .tracer.pytree import register_pytree_node, tree_flatten, tree_map, tree_unflatten
 from .tracer.random import manual_seed

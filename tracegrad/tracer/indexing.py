@@ -98,6 +98,31 @@ def _expand(index: Any, shape: tuple) -> list[Any]:
     return out
 
 
+def ellipsis_gap(index: Any, shape: tuple) -> bool:
+    """Whether `index` has a '...' standing for no axes between two of its advanced items
+    (index arrays, masks, and ints, which count as advanced beside an array). numpy takes
+    them as apart there, as if a slice were between them, and lays the result's indexed axes
+    first: on shape (5, 3, 4), x[:2, [0, 1, 2], ..., [1, 2, 3]] is (3, 2). (torch takes them
+    as adjacent: (2, 3).)"""
+    if type(index) is not tuple:
+        return False
+    at = next((k for k, i in enumerate(index) if i is Ellipsis), None)
+    if at is None:
+        return False
+
+    def advanced(i: Any) -> bool:
+        return _is_array_index(i) or isinstance(i, (int, np.integer)) and \
+            not isinstance(i, (bool, np.bool_))
+    if not (any(map(advanced, index[:at])) and any(map(advanced, index[at + 1:]))):
+        return False
+    used = 0
+    for i in index:
+        if i is not None and i is not Ellipsis:
+            m = _mask(i)
+            used += 1 if m is None else m.ndim
+    return used == len(shape)
+
+
 def _with_masks(index: tuple, shape: tuple, masks: dict) -> list[Any]:
     """_expand of an index holding boolean masks (`masks`: position -> mask)."""
     ndim = len(shape)
@@ -167,7 +192,7 @@ class _Merged:
     __slots__ = ("slices", "xm", "flat", "axis", "perm", "shape", "padded")
 
     def __init__(self, x: Any, items: list, what: str, drop: bool = False,
-                 clip: bool = False):
+                 clip: bool = False, apart: bool = False):
         shape = tuple(E.shape_of(x))
         slices, idx = [], []
         for k, (item, n) in enumerate(zip(items, shape)):
@@ -187,7 +212,7 @@ class _Merged:
             x = E.slice_(x, slices)
             shape = tuple(E.shape_of(x))
         axes = [k for k, _ in idx]
-        together = axes == list(range(axes[0], axes[-1] + 1))
+        together = not apart and axes == list(range(axes[0], axes[-1] + 1))
         self.perm = None if together else axes + [k for k in range(len(shape)) if k not in axes]
         if self.perm is not None:
             x = E.transpose(x, self.perm)
@@ -201,6 +226,13 @@ class _Merged:
         if len(idx) == 1 and not self.padded:  # (take and scatter clamp a traced index)
             self.flat = idx[0][1]
             return
+        shapes = [tuple(E.shape_of(i)) for _, i in idx]
+        try:
+            np.broadcast_shapes(*shapes)
+        except ValueError:
+            raise IndexError(f"{what}: shape mismatch: indexing arrays could not be broadcast "
+                             f"together with shapes {' '.join(map(str, shapes))}"
+                             + _at_user()) from None
         flat: Any = 0
         valid: Any = True
         stride = 1
@@ -262,7 +294,7 @@ def getitem(x: Any, index: Any) -> Any:
             out_shape.append(len(range(start, stop, step)))
         elif _is_array_index(item):
             if advanced is not None:
-                return _merged_getitem(x, items)
+                return _merged_getitem(x, items, ellipsis_gap(index, shape))
             slices.append((0, n, 1))
             advanced = (len(out_shape), _index_array(item, n, dim, "indexing"))
             out_shape.append(n)
@@ -272,8 +304,8 @@ def getitem(x: Any, index: Any) -> Any:
     if advanced is not None:    # (a slice or a None between an int and the array: merged)
         spots = [k for k, i in enumerate(items)
                  if isinstance(i, (int, np.integer)) or _is_array_index(i)]
-        if spots != list(range(spots[0], spots[-1] + 1)):
-            return _merged_getitem(x, items)
+        if spots != list(range(spots[0], spots[-1] + 1)) or ellipsis_gap(index, shape):
+            return _merged_getitem(x, items, True)
     y = x
     if any(s != (0, n, 1) for s, n in zip(slices, shape)):
         y = E.slice_(y, slices)
@@ -283,10 +315,11 @@ def getitem(x: Any, index: Any) -> Any:
     return y
 
 
-def _merged_getitem(x: Any, items: list) -> Any:
-    """x[index] for several index arrays, or an int and an array a slice apart."""
+def _merged_getitem(x: Any, items: list, apart: bool = False) -> Any:
+    """x[index] for several index arrays, or an int and an array a slice apart (`apart`:
+    the index arrays are apart though their axes are not: see `ellipsis_gap`)."""
     x, items = _new_axes(x, items)
-    m = _Merged(x, items, "indexing")
+    m = _Merged(x, items, "indexing", apart=apart)
     return E.take(m.xm, m.flat, m.axis)
 
 
@@ -410,11 +443,13 @@ def update_at(x: Any, index: Any, v: Any, combine: Any, what: str, mode: str | N
     """`x` with `x[index]` replaced by `v` (combine None) or by `combine(x[index], v)`: a basic
     index is one update_slice; integer arrays (ints among them) one scatter or scatter_add
     on the indexed axes merged into one (see `_Merged` for `mode` and `_by_array`)."""
-    items = _expand(index, tuple(E.shape_of(x)))
+    shape = tuple(E.shape_of(x))
+    items = _expand(index, shape)
     if not any(_is_array_index(i) for i in items):
         return update(x, index, v, combine, what, mode == "clip")
     x0, (x, items) = x, _new_axes(x, items)
-    m = _Merged(x, items, what, drop=mode in (None, "drop", "fill"), clip=mode == "clip")
+    m = _Merged(x, items, what, drop=mode in (None, "drop", "fill"), clip=mode == "clip",
+                apart=ellipsis_gap(index, shape))
     xm, flat, axis = m.xm, m.flat, m.axis
     shape = tuple(E.shape_of(xm))
     target = shape[:axis] + tuple(E.shape_of(flat)) + shape[axis + 1:]

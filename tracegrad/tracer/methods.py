@@ -17,7 +17,7 @@ METHODS = {
     "view": tnp.reshape, "transpose": tnp.transpose, "matmul": tnp.matmul, "dot": tnp.dot,
     "astype": tnp.astype, "squeeze": tnp.squeeze, "unsqueeze": tnp.expand_dims,
     "clip": tnp.clip, "clamp": tnp.clip, "logsumexp": tnp.logsumexp, "square": tnp.square,
-    "all": tnp.all, "any": tnp.any,
+    "all": tnp.all, "any": tnp.any, "var": tnp.var, "std": tnp.std,
 }
 
 

@@ -244,12 +244,47 @@ def sum(x: Any, axis: Any = None, keepdims: bool = False, **kw: Any) -> Any:  # 
 
 
 @op("Mean")
-def mean(x: Any, axis: Any = None, keepdims: bool = False, **kw: Any) -> Any:
+def mean(x: Any, axis: Any = None, keepdims: bool = False, dtype: Any = None,
+         **kw: Any) -> Any:
     axis, keepdims = _axis_kw(axis, kw), kw.pop("keepdim", keepdims)
-    x = E.to_float(_arr(x))
+    x = _arr(x) if dtype is None else E.convert(_arr(x), np.dtype(dtype))
+    x = E.to_float(x)
     axes = _axes(x, axis)
     n = math.prod(E.shape_of(x)[a] for a in axes)
     return _keep(x, E.div(E.reduce_sum(x, axes), float(n) if n else math.nan), axes, keepdims)
+
+
+def _variance(x: Any, axis: Any, keepdims: bool, ddof: Any, kw: dict) -> Any:
+    """var's sum of squared deviations from the mean over `axis`, divided by n - ddof (n
+    the number of elements summed; numpy's `ddof`, also spelt `correction` as the array API
+    and torch do). As numpy: a divisor of zero or less gives inf, or NaN where the sum is 0."""
+    axis, keepdims = _axis_kw(axis, kw), kw.pop("keepdim", keepdims)
+    if "correction" in kw:
+        ddof = kw.pop("correction")
+    if kw:
+        raise TypeError(f"var/std: unexpected keyword argument {next(iter(kw))!r}")
+    if isinstance(ddof, bool) or not isinstance(ddof, (int, float, np.integer, np.floating)):
+        raise TypeError(f"var/std: ddof must be a number, got {type(ddof).__name__}")
+    x = E.to_float(_arr(x))
+    axes = _axes(x, axis)
+    shape = E.shape_of(x)
+    n = math.prod(shape[a] for a in axes)
+    centred = E.sub(x, E.reshape(E.div(E.reduce_sum(x, axes), float(n) if n else math.nan),
+                                 tuple(1 if i in axes else d for i, d in enumerate(shape))))
+    out = E.div(E.reduce_sum(E.mul(centred, centred), axes), float(max(n - ddof, 0)))
+    return _keep(x, out, axes, keepdims)
+
+
+@op("Var")
+def var(x: Any, axis: Any = None, keepdims: bool = False, ddof: Any = 0, **kw: Any) -> Any:
+    """The variance over `axis` (numpy's and JAX's: ddof 0 unless given)."""
+    return _variance(x, axis, keepdims, ddof, kw)
+
+
+@op("Std")
+def std(x: Any, axis: Any = None, keepdims: bool = False, ddof: Any = 0, **kw: Any) -> Any:
+    """The standard deviation over `axis`: sqrt(var(x, axis, ddof=ddof))."""
+    return E.sqrt(_variance(x, axis, keepdims, ddof, kw))
 
 
 def _extreme(reduce, name):

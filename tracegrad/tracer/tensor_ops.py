@@ -14,7 +14,8 @@ from .autograd_exec import realize
 from .autograd_graph import MAX_LEAF_CHAIN, Inplace, Node
 from .grad_mode import mode
 from .indexing import _expand as expand_index
-from .indexing import _index_array, _is_array_index, getitem, update_at
+from .autograd_graph import _TYPE_NAMES
+from .indexing import _index_array, _is_array_index, ellipsis_gap, getitem, update_at
 from .tensor import Tensor, record, refresh_views, register_view, write_aliases
 from .tensor_record import binary_methods, record_binary, record_unary
 
@@ -116,6 +117,44 @@ _METHODS = {
 }
 for _n, (_f, _stem) in _METHODS.items():
     setattr(Tensor, _n, _method(_f, _stem))
+
+
+def _float_only(m: Any, message: str, named: bool = True) -> Any:
+    """Method `m` raising torch's RuntimeError `message` (`named`: the dtype's torch name
+    appended) on a tensor of neither floats nor a `dtype=` given."""
+    def checked(self: Tensor, *args: Any, **kwargs: Any) -> Any:
+        d = self.dtype
+        if d.kind != "f" and d.kind != "c" and kwargs.get("dtype") is None:
+            raise RuntimeError(message + (_TYPE_NAMES.get(d.name, d.name) if named else ""))
+        return m(self, *args, **kwargs)
+    checked.__name__ = m.__name__
+    return checked
+
+
+def _variance_method(fn: Any, stem: str) -> Any:
+    """torch's var/std: over `dim`, with Bessel's correction unless `unbiased=False` or
+    another `correction` is given (the numpy functions' default is none)."""
+    raw = _r(fn)
+
+    def m(self: Tensor, dim: Any = None, unbiased: Any = None, keepdim: bool = False, *,
+          correction: Any = None, **kw: Any) -> Any:
+        if isinstance(dim, bool):       # x.var(False): the old (unbiased) form
+            dim, unbiased = None, dim
+        dim = kw.pop("axis", dim)
+        keepdim = kw.pop("keepdims", keepdim)
+        if unbiased is not None and correction is not None:
+            raise TypeError(f"{fn.__name__}(): give unbiased or correction, not both")
+        ddof = correction if correction is not None else 0 if unbiased is False else 1
+        return record(raw, stem, (self,), {"axis": dim, "keepdims": keepdim, "ddof": ddof,
+                                           **kw})
+    m.__name__ = fn.__name__
+    return _float_only(m, "std and var only support floating point and complex dtypes", False)
+
+
+Tensor.mean = _float_only(Tensor.mean, "mean(): could not infer output dtype. Input dtype "
+                          "must be either a floating point or complex dtype. Got: ")
+Tensor.var = _variance_method(tnp.var, "Var")
+Tensor.std = _variance_method(tnp.std, "Std")
 
 
 def _with_alpha(fn: Any, name: str) -> Any:
@@ -519,8 +558,14 @@ def _concrete_masks(index: Any) -> Any:
     return index
 
 
+def _torch_layout(index: Any, shape: tuple) -> Any:
+    """`index` without a '...' that stands for no axes between two index arrays: torch
+    takes them as adjacent, numpy (whose layout `getitem` follows) as apart."""
+    return tuple(i for i in index if i is not Ellipsis) if ellipsis_gap(index, shape) else index
+
+
 def _getitem(self: Tensor, index: Any) -> Tensor:
-    index = _concrete_masks(index)
+    index = _torch_layout(_concrete_masks(index), self.shape)
     mask = index if isinstance(index, (Tensor, np.ndarray)) else None
     if mask is not None and mask.dtype == np.bool_:
         m = mask._val() if isinstance(mask, Tensor) else mask
@@ -766,7 +811,7 @@ def _check_index_arrays(index: Any, shape: tuple, what: str = "slice assignment"
 def _setitem(self: Tensor, index: Any, value: Any) -> None:
     _check_inplace(self)
     unchanged = row = None
-    index = _concrete_masks(index)
+    index = _torch_layout(_concrete_masks(index), self.shape)
     if isinstance(index, (Tensor, np.ndarray)) and index.dtype == np.bool_:
         m = index._val() if isinstance(index, Tensor) else index
         if m.shape != self.shape[:m.ndim]:

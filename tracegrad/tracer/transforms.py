@@ -271,6 +271,12 @@ def jvp(f: Callable, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple:
         if tuple(np.shape(p)) != tuple(np.shape(t) if not hasattr(t, "shape") else t.shape):
             raise ValueError(f"jvp: tangent {i} has shape {np.shape(t)} but its primal has "
                              f"shape {np.shape(p)}")
+        # as JAX: a float primal's tangent has its dtype (a Python number takes it)
+        pd = ir.emit.dtype_of(p)
+        if ir.is_float(pd) and not isinstance(t, (int, float)) and \
+                ir.emit.dtype_of(t) != pd:
+            raise TypeError(f"jvp: tangent {i} has dtype {ir.emit.dtype_of(t)} but its primal "
+                            f"has dtype {pd}; tangents must have their primals' dtypes")
     g = tf.graph
     b = Builder("jvp")
     ins = [b.new_input(v.aval) for v in g.invars]
