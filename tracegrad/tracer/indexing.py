@@ -106,8 +106,12 @@ def ellipsis_gap(index: Any, shape: tuple) -> bool:
     as adjacent: (2, 3).)"""
     if type(index) is not tuple:
         return False
-    at = next((k for k, i in enumerate(index) if i is Ellipsis), None)
-    if at is None:
+    at = -1
+    for k, i in enumerate(index):
+        if i is Ellipsis:
+            at = k
+            break
+    if at < 0:
         return False
 
     def advanced(i: Any) -> bool:

@@ -119,18 +119,6 @@ for _n, (_f, _stem) in _METHODS.items():
     setattr(Tensor, _n, _method(_f, _stem))
 
 
-def _float_only(m: Any, message: str, named: bool = True) -> Any:
-    """Method `m` raising torch's RuntimeError `message` (`named`: the dtype's torch name
-    appended) on a tensor of neither floats nor a `dtype=` given."""
-    def checked(self: Tensor, *args: Any, **kwargs: Any) -> Any:
-        d = self.dtype
-        if d.kind != "f" and d.kind != "c" and kwargs.get("dtype") is None:
-            raise RuntimeError(message + (_TYPE_NAMES.get(d.name, d.name) if named else ""))
-        return m(self, *args, **kwargs)
-    checked.__name__ = m.__name__
-    return checked
-
-
 def _variance_method(fn: Any, stem: str) -> Any:
     """torch's var/std: over `dim`, with Bessel's correction unless `unbiased=False` or
     another `correction` is given (the numpy functions' default is none)."""
@@ -144,15 +132,29 @@ def _variance_method(fn: Any, stem: str) -> Any:
         keepdim = kw.pop("keepdims", keepdim)
         if unbiased is not None and correction is not None:
             raise TypeError(f"{fn.__name__}(): give unbiased or correction, not both")
+        if self.dtype.kind not in "fc":
+            raise RuntimeError("std and var only support floating point and complex dtypes")
         ddof = correction if correction is not None else 0 if unbiased is False else 1
         return record(raw, stem, (self,), {"axis": dim, "keepdims": keepdim, "ddof": ddof,
                                            **kw})
     m.__name__ = fn.__name__
-    return _float_only(m, "std and var only support floating point and complex dtypes", False)
+    return m
 
 
-Tensor.mean = _float_only(Tensor.mean, "mean(): could not infer output dtype. Input dtype "
-                          "must be either a floating point or complex dtype. Got: ")
+def _mean(self: Tensor, *args: Any, **kwargs: Any) -> Any:
+    """torch's mean: of floats (an integer tensor raises unless `dtype=` is given)."""
+    d = self._var.aval.dtype
+    if d.kind != "f" and d.kind != "c" and kwargs.get("dtype") is None:
+        raise RuntimeError("mean(): could not infer output dtype. Input dtype must be either "
+                           "a floating point or complex dtype. Got: "
+                           + _TYPE_NAMES.get(d.name, d.name))
+    if not args and not kwargs:
+        return record_unary(_MEAN, "Mean", self)
+    return record(_MEAN, "Mean", (self,) + args, kwargs)
+
+
+_MEAN = _r(tnp.mean)
+Tensor.mean = _mean
 Tensor.var = _variance_method(tnp.var, "Var")
 Tensor.std = _variance_method(tnp.std, "Std")
 
@@ -561,7 +563,9 @@ def _concrete_masks(index: Any) -> Any:
 def _torch_layout(index: Any, shape: tuple) -> Any:
     """`index` without a '...' that stands for no axes between two index arrays: torch
     takes them as adjacent, numpy (whose layout `getitem` follows) as apart."""
-    return tuple(i for i in index if i is not Ellipsis) if ellipsis_gap(index, shape) else index
+    if type(index) is not tuple or len(index) < 3 or not ellipsis_gap(index, shape):
+        return index    # (a gap needs an array, '...' and an array: three items)
+    return tuple(i for i in index if i is not Ellipsis)
 
 
 def _getitem(self: Tensor, index: Any) -> Tensor:
